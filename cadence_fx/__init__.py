@@ -1,0 +1,40 @@
+"""cadence_fx: exact, fast streaming for the token-to-audio tail of duplex speech models.
+
+Mark model code with clocks and retention (``@native_clock``), call
+``cadence_fx.optimize(model)``, and get the same PCM bytes from demand-sized state
+at stable addresses (rule S) and, on CUDA, exact-shape graph replay (rule R).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .annotations import ChunkPad, Clock, Fixed, Region, Ring, Unbounded, Window, get_declaration, native_clock
+from .errors import (CadenceError, CatalogMiss, DeclarationError, InputError, PassError, PlanError, RulesError,
+                     SessionClosed, TraceError)
+
+__version__ = "0.1.0"
+
+
+def optimize(model: Any, rules: str = "S", progress: Callable[[str], None] | None = None) -> Any:
+    """A drop-in replacement for ``model`` with the same streaming API and output bits.
+
+    ``rules``: "S" (demand-sized state at stable addresses; CPU or CUDA) or, on
+    CUDA, "R", "SR", "Rc", "SRc" (exact-shape CUDA-graph replay, per step or per
+    chunk).  Graphs are traced when a stream's configuration is first seen.
+    """
+    from .integrations import factory_for
+    get_declaration(model)  # a clear error if the model declares no clocks
+    factory = factory_for(model)
+    if factory is None:
+        raise CadenceError(f"no cadence_fx integration for {type(model).__name__}; "
+                           "see docs/annotating.md for writing an adapter")
+    return factory(model, rules=rules, progress=progress)
+
+
+__all__ = [
+    "optimize", "native_clock", "get_declaration",
+    "Clock", "Region", "Fixed", "Ring", "Window", "ChunkPad", "Unbounded",
+    "CadenceError", "DeclarationError", "PlanError", "TraceError", "PassError", "InputError",
+    "CatalogMiss", "SessionClosed", "RulesError",
+]

@@ -1,0 +1,64 @@
+"""The contract between an upstream model family and the cadence_fx core.
+
+An integration (``cadence_fx.integrations.<family>``) subclasses ``StreamingAdapter``
+once: it says which declared step to trace, with which inputs, and how to run the
+upstream code on modules whose region-bound buffers are arena views.  The plan,
+passes and runtime only ever see this interface; none of them names a model.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import torch
+
+from .annotations import Declaration
+from .passes.trace import StepSignature
+from .plan import TensorSpec
+
+StepFn = Callable[[Mapping[str, torch.Tensor], Mapping[str, torch.Tensor]],
+                  tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]]
+
+
+class StreamingAdapter:
+    """Override every method; the docstrings give the contract."""
+
+    declaration: Declaration
+    signature: StepSignature
+
+    def dims(self) -> dict[str, int]:
+        """Values of the symbols in the declaration (e.g. prompt_frames, n_timesteps)."""
+        raise NotImplementedError
+
+    @property
+    def dtype(self) -> torch.dtype:
+        raise NotImplementedError
+
+    @property
+    def device(self) -> torch.device:
+        raise NotImplementedError
+
+    def input_specs(self) -> dict[str, TensorSpec]:
+        """Specs of the per-step inputs of the catalog's steps."""
+        raise NotImplementedError
+
+    def example_inputs(self) -> dict[str, torch.Tensor]:
+        """Valid per-step inputs to trace with (values are not baked into graphs)."""
+        raise NotImplementedError
+
+    def bind(self, buffers: Mapping[str, torch.Tensor]) -> StepFn:
+        """The upstream step on modules whose region buffers are ``buffers`` (region -> tensor)."""
+        raise NotImplementedError
+
+    def fallback(self, inputs: Mapping[str, torch.Tensor], state: Mapping[str, torch.Tensor],
+                 **flags: Any) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """Run one step eagerly on any signature (private scratch buffers, sized per call)."""
+        raise NotImplementedError
+
+    def callable_verdicts(self) -> tuple:
+        """``ScopeVerdict``s for the model's callables (what is traced, what stays eager and why)."""
+        return ()
+
+    def stock_state_bytes(self) -> int:
+        """Bytes the stock runtime holds for the declared state (buffers + carried state)."""
+        raise NotImplementedError

@@ -1,0 +1,49 @@
+"""Clocks: the named counters a model's streaming state advances on.
+
+A streaming step advances every clock of a declaration once, each by its own
+``stride`` (frames of that clock per step).  The Step-Audio2 Token2Wav tail runs
+three clocks per chunk: ``Clock("token", 25, 25)``, ``Clock("mel", 50, 50)`` and
+``Clock("sample", 24000, 24000)``; Mimi runs one, ``Clock("frame", 12.5, 1)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from ..errors import DeclarationError
+
+
+@dataclasses.dataclass(frozen=True)
+class Clock:
+    """A named counter advancing ``stride`` frames per streaming step.
+
+    Attributes:
+        name: identifier the regions refer to (``Region(clock="mel")``).
+        hz: frames of this clock per second of audio (Hz); informational, the
+            plan only needs ``stride``.
+        stride: frames this clock advances per streaming step (>= 1).
+    """
+
+    name: str
+    hz: float
+    stride: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.isidentifier():
+            raise DeclarationError(
+                f"Clock name {self.name!r} is not an identifier; name clocks like 'mel' or 'token'")
+        if (isinstance(self.hz, bool) or not isinstance(self.hz, (int, float))
+                or not math.isfinite(self.hz) or self.hz <= 0):
+            raise DeclarationError(
+                f"Clock {self.name!r}: hz={self.hz!r} must be a finite rate > 0 (frames per second)")
+        if isinstance(self.stride, bool) or not isinstance(self.stride, int) or self.stride < 1:
+            raise DeclarationError(
+                f"Clock {self.name!r}: stride={self.stride!r} must be an int >= 1 "
+                f"(frames this clock advances per streaming step)")
+        # One representation for equal rates: Clock("mel", 50, 50) == Clock("mel", 50.0, 50).
+        object.__setattr__(self, "hz", float(self.hz))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "hz": self.hz, "stride": self.stride}

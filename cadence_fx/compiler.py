@@ -1,0 +1,117 @@
+"""declare -> plan -> trace -> rewrite -> Executable (the compile-time driver).
+
+Each stage is a function of the previous stage's plain output:
+``make_plan(declaration, dims, ...)`` -> ``Plan``; per catalog entry
+``trace_step`` -> ``GraphModule``; the pass list (``prune_dead``,
+``fold_host_constants``, ``prune_dead``, ``state_rewrite``) -> ``GraphModule``; and
+``lower`` wraps each in an ``EntryProgram``.  Only this module imports both the
+passes and the runtime.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Callable
+
+import torch
+import torch.fx as fx
+
+from .adapter import StreamingAdapter
+from .annotations import Declaration
+from .errors import RulesError
+from .passes.base import PassManager, this_before_that
+from .passes.fold_host_constants import FoldHostConstants
+from .passes.prune_dead import PruneDead
+from .passes.state_rewrite import RegionBinding, StateRewrite
+from .passes.trace import trace_step
+from .plan import CatalogEntry, Plan, make_plan
+from .plan.catalog import resolve_regions
+from .runtime.arena import Arena
+from .runtime.session import EntryProgram, Executable
+
+RULES = ("S", "R", "SR", "Rc", "SRc")
+
+
+def check_rules(rules: str, device: torch.device) -> str:
+    if rules not in RULES:
+        raise RulesError(f"unknown rules {rules!r}; choose one of {', '.join(RULES)}")
+    if "R" in rules:
+        if device.type != "cuda" or not torch.cuda.is_available():
+            raise RulesError(f"rules {rules!r} replay CUDA graphs and need a CUDA device; this model is on "
+                             f"{device} (CUDA available: {torch.cuda.is_available()}). Use rules='S' here.")
+        raise RulesError(f"rules {rules!r}: CUDA-graph replay is not built yet (see the replay issue); "
+                         f"use rules='S'")
+    return rules
+
+
+def build_plan(adapter: StreamingAdapter) -> Plan:
+    return make_plan(adapter.declaration, adapter.dims(), adapter.input_specs(),
+                     dtype=str(adapter.dtype).removeprefix("torch."), device=str(adapter.device),
+                     stock_state_bytes=adapter.stock_state_bytes(),
+                     extra_verdicts=adapter.callable_verdicts())
+
+
+def region_bindings(plan: Plan, entry: CatalogEntry) -> list[RegionBinding]:
+    """What ``state_rewrite`` needs of the plan for one entry (plain data)."""
+    nxt = plan.entry_for_step(entry.phase + 1)
+    out = []
+    for slot in plan.layout.slots:
+        region = plan.declaration.region(slot.name)
+        ext_in = ext_out = None
+        if slot.axis is not None:
+            ext_in = entry.regions[slot.name].shape[slot.axis]
+            ext_out = nxt.regions[slot.name].shape[slot.axis]
+        out.append(RegionBinding(slot.name, tuple(slot.shape), slot.dtype, slot.axis, ext_in, ext_out,
+                                 region.carried))
+    return out
+
+
+def rewrite_pipeline(bindings: list[RegionBinding], debug: bool = False) -> PassManager:
+    return PassManager([PruneDead(), FoldHostConstants(), PruneDead(), StateRewrite(bindings)],
+                       constraints=[this_before_that(FoldHostConstants, StateRewrite)],
+                       checks=[lambda gm: gm.graph.lint()], debug=debug)
+
+
+def buffer_bindings(declaration: Declaration, arena: Arena) -> dict[str, torch.Tensor]:
+    """Module buffer path -> the arena region that replaces it."""
+    return {path: arena.full(r.name) for r in declaration.regions for path in r.buffers if r.name in arena.regions}
+
+
+def compile_executable(adapter: StreamingAdapter, rules: str = "S",
+                       progress: Callable[[str], None] | None = None) -> Executable:
+    device = torch.device(adapter.device)
+    check_rules(rules, device)
+    plan = build_plan(adapter)
+    say = progress or (lambda msg: None)
+    sig = adapter.signature
+    # Trace on a scratch arena of the same layout: tracing runs the step for real,
+    # and must not touch any live session's state or the caller's generators.
+    scratch = Arena(plan.layout, device)
+    step = adapter.bind(buffer_bindings(adapter.declaration, scratch))
+    by_region = {r.name: scratch.full(r.name) for r in adapter.declaration.regions
+                 if r.buffers and r.name in scratch.regions}
+    programs, notes = {}, {"trace_s": {}, "rewrite": {}}
+    carried = tuple(r for r in sig.regions)
+    devices = [device] if device.type == "cuda" else []
+    for entry in plan.catalog:
+        t0 = time.perf_counter()
+        say(f"tracing catalog entry {entry.index + 1}/{len(plan.catalog)} (steps {entry.steps})")
+        example_state = {r: torch.zeros(entry.regions[r].shape, dtype=getattr(torch, entry.regions[r].dtype),
+                                        device=device) for r in carried}
+        with torch.random.fork_rng(devices=devices):
+            gm = trace_step(step, sig, adapter.example_inputs(), example_state, by_region)
+            bindings = region_bindings(plan, entry)
+            gm, results = rewrite_pipeline(bindings)(gm)
+        notes["trace_s"][entry.index] = round(time.perf_counter() - t0, 3)
+        notes["rewrite"][entry.index] = str(results[-1].record)
+        nxt = {b.name: b.extent_out for b in bindings if b.carried}
+        programs[entry.index] = EntryProgram(entry, gm, tuple(gm.meta["cadence_arena_inputs"]), nxt, "graph")
+    del scratch, step
+    return Executable(plan, programs, sig.inputs, sig.outputs, carried, rules, notes)
+
+
+def stderr_progress(prefix: str = "cadence-fx") -> Callable[[str], None]:
+    def say(msg: str) -> None:
+        print(f"[{prefix}] {msg}", file=sys.stderr, flush=True)
+    return say

@@ -1,0 +1,40 @@
+"""Exception types.  Every message names the region, shape or entry at fault and
+says what to do about it."""
+
+from __future__ import annotations
+
+
+class CadenceError(Exception):
+    """Base class of every error cadence_fx raises on purpose."""
+
+
+class DeclarationError(CadenceError, ValueError):
+    """A clock/region declaration is invalid (raised where it is declared)."""
+
+
+class PlanError(CadenceError, ValueError):
+    """The declarations and the streaming configuration do not give a finite plan."""
+
+
+class TraceError(CadenceError, RuntimeError):
+    """make_fx could not trace the declared step at a catalog entry's shapes."""
+
+
+class PassError(CadenceError, RuntimeError):
+    """A pass's precondition (requires) or postcondition (ensures) failed."""
+
+
+class InputError(CadenceError, ValueError):
+    """A live call's input is malformed (wrong dtype, device, rank, or values)."""
+
+
+class CatalogMiss(CadenceError, LookupError):
+    """A call's signature is outside the shape catalog and no fallback may serve it."""
+
+
+class SessionClosed(CadenceError, RuntimeError):
+    """A session was used after close() (or after its last chunk)."""
+
+
+class RulesError(CadenceError, ValueError):
+    """The requested rules cannot run here (e.g. R without CUDA)."""

@@ -1,0 +1,73 @@
+"""Import an upstream package's submodules without running its ``__init__``.
+
+``stepaudio2-minicpmo`` (pinned 0.1.1) has an ``__init__`` that imports its whole
+product surface: ``token2wav`` (torchaudio, s3tokenizer, hyperpyyaml), ``stepaudio2``
+(transformers) and the flashcosyvoice engine.  The streaming tail needs none of that:
+only the flow (``cosyvoice2.flow``, ``cosyvoice2.transformer``) and the vocoder
+(``flashcosyvoice.modules.hifigan``), whose own imports are torch, numpy, scipy, einops
+and onnxruntime.  torchaudio's wheels are built against one exact torch, and a CPU
+torch next to a CUDA torchaudio does not import, so we install the package with
+``--no-deps`` and import the submodules we need through a bare parent package.
+
+How: if the real package is already imported, it is reused as is.  Otherwise a
+module object with the package's ``__path__`` is registered in ``sys.modules``
+(exactly what the import system builds for a namespace package) so that
+``import pkg.sub.mod`` resolves submodules from the installed files without
+executing ``pkg/__init__.py``.  Nothing is copied from upstream.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import sys
+import types
+from types import ModuleType
+
+from ..errors import CadenceError
+
+
+class UpstreamMissing(CadenceError, ImportError):
+    """An upstream model package is not installed."""
+
+
+def bare_package(name: str) -> ModuleType:
+    """Register ``name`` as a package whose ``__init__`` is not executed."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise UpstreamMissing(
+            f"the upstream package {name!r} is not installed; install it with "
+            f"`pip install --no-deps {distribution_for(name)}` (see README.md)"
+        )
+    pkg = types.ModuleType(name)
+    pkg.__path__ = list(spec.submodule_search_locations)
+    pkg.__file__ = spec.origin
+    pkg.__package__ = name
+    pkg.__spec__ = spec
+    # Marks the module so tests and users can tell it was bare-imported.
+    pkg.__cadence_bare__ = True
+    sys.modules[name] = pkg
+    return pkg
+
+
+def import_submodule(package: str, submodule: str) -> ModuleType:
+    """``import package.submodule`` without running ``package/__init__.py``."""
+    bare_package(package)
+    return importlib.import_module(f"{package}.{submodule}")
+
+
+_DISTRIBUTIONS = {"stepaudio2": "stepaudio2-minicpmo==0.1.1", "moshi": "moshi"}
+
+
+def distribution_for(package: str) -> str:
+    return _DISTRIBUTIONS.get(package, package)
+
+
+def installed_version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None

@@ -1,0 +1,106 @@
+"""Region access analysis shared by state_rewrite and partition (an analysis, not a pass).
+
+After ``state_rewrite`` a region's carried state (read through ``state_<r>`` in the
+traced graph) and the over-provisioned module buffer it replaces (written through a
+``get_attr``) are the *same* arena memory, as they are in upstream eager whenever the
+returned cache is a view of the buffer.  That is only sound if the graph never reads
+the old state from memory the buffer has already overwritten.  ``region_hazards``
+proves it for one catalog entry: it runs the graph on scratch tensors of the region
+shapes and records, per op, the byte interval of every region argument it reads or
+writes and whether that argument descends from the state view (``S``) or the buffer
+(``B``).  Intervals over-approximate what a strided view touches, so a reported
+hazard may be spurious but a real one is never missed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping
+
+import torch
+import torch.fx as fx
+
+from .base import is_view, view_root, written_args
+
+
+@dataclasses.dataclass(frozen=True)
+class Access:
+    position: int
+    node: str
+    region: str
+    origin: str  # "S" (through the state view), "B" (through the buffer) or "?" (unknown)
+    kind: str  # "read" | "write"
+    lo: int
+    hi: int
+
+
+def byte_interval(t: torch.Tensor) -> tuple[int, int]:
+    """[lo, hi) bytes of ``t``'s storage that ``t`` can touch."""
+    if t.numel() == 0:
+        return (0, 0)
+    item = t.element_size()
+    lo = t.storage_offset()
+    hi = lo + sum((s - 1) * st for s, st in zip(t.shape, t.stride()) if s > 0)
+    return (lo * item, (hi + 1) * item)
+
+
+def origins(gm: fx.GraphModule) -> dict[fx.Node, str]:
+    """S/B tags: ``state view`` nodes carry meta cadence role ``state_view``; arena placeholders B."""
+    tag: dict[fx.Node, str] = {}
+    for node in gm.graph.nodes:
+        role = node.meta.get("cadence", {}).get("role")
+        if role == "state_view":
+            tag[node] = "S"
+        elif role == "arena":
+            tag[node] = "B"
+        elif node.op == "call_function" and is_view(node) and node.args and isinstance(node.args[0], fx.Node):
+            if node.args[0] in tag:
+                tag[node] = tag[node.args[0]]
+    return tag
+
+
+def record_accesses(gm: fx.GraphModule, args: list, regions: Mapping[str, torch.Tensor]) -> list[Access]:
+    """Run ``gm`` on ``args`` and log every region read/write (values are irrelevant)."""
+    storages = {r: t.untyped_storage().data_ptr() for r, t in regions.items()}
+    tags = origins(gm)
+    log: list[Access] = []
+
+    class Recorder(fx.Interpreter):
+        position = 0
+
+        def run_node(self, n):
+            if n.op == "call_function" and not is_view(n):
+                writes = set(written_args(n))
+                for a in n.all_input_nodes:
+                    val = self.env.get(a)
+                    if not isinstance(val, torch.Tensor):
+                        continue
+                    ptr = val.untyped_storage().data_ptr()
+                    for r, sp in storages.items():
+                        if ptr == sp:
+                            lo, hi = byte_interval(val)
+                            log.append(Access(self.position, n.name, r, tags.get(a, "?"),
+                                              "write" if a in writes else "read", lo, hi))
+            self.position += 1
+            return super().run_node(n)
+
+    with torch.no_grad():
+        Recorder(gm).run(*args)
+    return log
+
+
+def region_hazards(accesses: list[Access]) -> list[str]:
+    """Reads of old state after the buffer overwrote it, and writes through the state view."""
+    problems = []
+    writes_b = [a for a in accesses if a.kind == "write" and a.origin in ("B", "?")]
+    for a in accesses:
+        if a.origin in ("S", "?") and a.kind == "write":
+            problems.append(f"{a.node} writes region {a.region!r} through the state view; "
+                            "upstream wrote a separate tensor there")
+        if a.origin in ("S", "?") and a.kind == "read":
+            for w in writes_b:
+                if w.region == a.region and w.position < a.position and w.lo < a.hi and a.lo < w.hi:
+                    problems.append(f"{a.node} reads old state of region {a.region!r} bytes [{a.lo}, {a.hi}) "
+                                    f"after {w.node} overwrote [{w.lo}, {w.hi}) through the buffer")
+                    break
+    return problems

@@ -1,0 +1,167 @@
+"""Pass infrastructure, shaped after ``torch.fx.passes.infra``.
+
+A pass is an object with ``requires(gm)`` (preconditions), ``call(gm)`` returning a
+``PassResult(graph_module, modified, record)`` and ``ensures(gm)`` (postconditions).
+``PassManager`` runs an ordered list, checks explicit ordering constraints, lints the
+graph after every pass in debug mode and, on failure, says which passes ran before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.fx as fx
+
+from ..errors import PassError
+
+
+@dataclasses.dataclass
+class PassResult:
+    graph_module: fx.GraphModule
+    modified: bool
+    record: Any = None  # a small, printable result (what the pass did)
+
+
+class CadencePass:
+    """Base class: override ``call``; ``requires``/``ensures`` raise ``PassError``."""
+
+    name: str = "pass"
+
+    def requires(self, gm: fx.GraphModule) -> None:  # noqa: D401 - hook
+        return None
+
+    def call(self, gm: fx.GraphModule) -> PassResult:
+        raise NotImplementedError
+
+    def ensures(self, gm: fx.GraphModule) -> None:
+        return None
+
+    def __call__(self, gm: fx.GraphModule) -> PassResult:
+        self.requires(gm)
+        result = self.call(gm)
+        result.graph_module.graph.lint()
+        result.graph_module.recompile()
+        self.ensures(result.graph_module)
+        return result
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+def this_before_that(this: type, that: type) -> Callable[[Sequence[CadencePass]], bool]:
+    """Ordering constraint: every ``this`` pass comes before every ``that`` pass."""
+
+    def check(passes: Sequence[CadencePass]) -> bool:
+        seen_that = False
+        for p in passes:
+            if isinstance(p, that):
+                seen_that = True
+            if isinstance(p, this) and seen_that:
+                return False
+        return True
+
+    check.__name__ = f"{this.__name__}_before_{that.__name__}"
+    return check
+
+
+class PassManager:
+    """Runs passes in order; ``checks`` run after every pass when ``debug`` is on."""
+
+    def __init__(self, passes: Sequence[CadencePass], constraints=(), checks=(), debug: bool = False):
+        self.passes = list(passes)
+        self.constraints = list(constraints)
+        self.checks = list(checks)
+        self.debug = debug
+        for c in self.constraints:
+            if not c(self.passes):
+                raise PassError(f"pass order violates {c.__name__}: {[type(p).__name__ for p in self.passes]}")
+
+    def __call__(self, gm: fx.GraphModule) -> tuple[fx.GraphModule, list[PassResult]]:
+        results: list[PassResult] = []
+        for i, p in enumerate(self.passes):
+            try:
+                res = p(gm)
+                gm = res.graph_module
+                if self.debug:
+                    for check in self.checks:
+                        check(gm)
+            except Exception as e:  # re-raise with the pipeline position
+                ran = [type(q).__name__ for q in self.passes[:i]]
+                raise PassError(f"{type(p).__name__} failed after {ran}: {e}") from e
+            results.append(res)
+        return gm, results
+
+
+# ----------------------------------------------------------------- op classification
+def is_random(node: fx.Node) -> bool:
+    """Ops that draw from a generator: they must run exactly as often as in eager."""
+    t = node.target
+    if not isinstance(t, torch._ops.OpOverload):
+        return False
+    if torch.Tag.nondeterministic_seeded in t.tags:
+        # dropout is seeded only when training; eval dropout is a pure identity
+        if t.overloadpacket in (torch.ops.aten.dropout, torch.ops.aten.native_dropout):
+            args = list(node.args) + [None, None, None]
+            train = node.kwargs.get("train", args[2])
+            return bool(train)
+        return True
+    return False
+
+
+def is_mutating(node: fx.Node) -> bool:
+    t = node.target
+    if isinstance(t, torch._ops.OpOverload):
+        return t._schema.is_mutable
+    return False
+
+
+def is_view(node: fx.Node) -> bool:
+    """An op whose first output aliases its first input (no write)."""
+    t = node.target
+    if t is getattr(__import__("operator"), "getitem"):
+        return True
+    if not isinstance(t, torch._ops.OpOverload):
+        return False
+    schema = t._schema
+    if schema.is_mutable or not schema.returns:
+        return False
+    info = schema.returns[0].alias_info
+    return info is not None and not info.is_write
+
+
+def view_root(node: fx.Node) -> fx.Node:
+    """Follow view ops back to the tensor they alias."""
+    while node.op == "call_function" and is_view(node) and node.args and isinstance(node.args[0], fx.Node):
+        node = node.args[0]
+    return node
+
+
+def has_side_effect(node: fx.Node) -> bool:
+    return node.op in ("placeholder", "output") or is_random(node) or is_mutating(node) or node.is_impure()
+
+
+def written_args(node: fx.Node) -> list[fx.Node]:
+    """The node arguments an op writes into (per its schema's alias annotations)."""
+    t = node.target
+    if not isinstance(t, torch._ops.OpOverload):
+        return []
+    out = []
+    for i, arg in enumerate(t._schema.arguments):
+        if arg.alias_info is not None and arg.alias_info.is_write:
+            val = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
+            if isinstance(val, fx.Node):
+                out.append(val)
+            elif isinstance(val, (list, tuple)):
+                out.extend(v for v in val if isinstance(v, fx.Node))
+    return out
+
+
+def op_counts(gm: fx.GraphModule) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for n in gm.graph.nodes:
+        if n.op == "call_function":
+            key = str(n.target)
+            counts[key] = counts.get(key, 0) + 1
+    return counts

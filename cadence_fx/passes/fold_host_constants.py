@@ -1,0 +1,88 @@
+"""fold_host_constants: evaluate input-independent subgraphs once, keep the result.
+
+Upstream builds tensors on the host inside ``forward`` and copies them over on every
+call (``timestep_embedding``'s ``arange``, HiFT's harmonic table, the STFT window,
+``linspace`` of the flow schedule).  A CUDA graph cannot capture a host-to-device
+copy, and the work is the same on every call.  A node folds when it is pure (no
+random draw, no write, not impure), depends on no placeholder, no parameter and no
+region-bound buffer, and nothing writes into it or into a view of it later.  It is
+evaluated here by the same op on the same device as eager, so the constant has the
+same bits eager computes each call.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+
+from ..errors import PassError
+from .base import CadencePass, PassResult, has_side_effect, view_root, written_args
+
+
+def _is_param_or_region(gm: fx.GraphModule, node: fx.Node) -> bool:
+    if node.meta.get("cadence", {}).get("role") == "buffer":
+        return True
+    value = getattr(gm, node.target)
+    return isinstance(value, torch.nn.Parameter) or str(node.target).startswith("_param_constant")
+
+
+class FoldHostConstants(CadencePass):
+    name = "fold_host_constants"
+
+    def call(self, gm: fx.GraphModule) -> PassResult:
+        mutated_roots = {view_root(w) for n in gm.graph.nodes for w in written_args(n)}
+        foldable: dict[fx.Node, object] = {}
+        env: dict[fx.Node, object] = {}
+        for node in gm.graph.nodes:
+            if node.op == "get_attr":
+                if not _is_param_or_region(gm, node) and view_root(node) not in mutated_roots:
+                    env[node] = getattr(gm, node.target)
+                continue
+            if node.op != "call_function" or has_side_effect(node):
+                continue
+            if view_root(node) in mutated_roots:
+                continue
+            inputs = node.all_input_nodes
+            if any(i not in env for i in inputs):
+                continue
+            args = fx.node.map_arg(node.args, lambda n: env[n])
+            kwargs = fx.node.map_arg(node.kwargs, lambda n: env[n])
+            env[node] = node.target(*args, **kwargs)
+            if node.target is not operator.getitem:
+                foldable[node] = env[node]
+
+        folded = 0
+        for node, value in foldable.items():
+            if not isinstance(value, torch.Tensor):
+                continue
+            outside_users = [u for u in node.users if u not in env]
+            if not outside_users:
+                continue
+            name = f"_folded{folded}"
+            gm.register_buffer(name, value, persistent=False)
+            with gm.graph.inserting_before(node):
+                const = gm.graph.get_attr(name)
+            const.meta["cadence"] = {"role": "folded", "from": node.name}
+            for user in outside_users:
+                user.replace_input_with(node, const)
+            folded += 1
+        # what fed only the folded values is dead now (all of it pure: it was evaluable)
+        for node in reversed(list(gm.graph.nodes)):
+            if node in env and node.op == "call_function" and not node.users:
+                gm.graph.erase_node(node)
+        return PassResult(gm, folded > 0, {"folded": folded})
+
+    def ensures(self, gm: fx.GraphModule) -> None:
+        for node in gm.graph.nodes:
+            if node.target in _TRANSFERS and all(i.op == "get_attr" for i in node.all_input_nodes):
+                src_node = node.all_input_nodes[0]
+                src = getattr(gm, src_node.target)
+                if not _is_param_or_region(gm, src_node):
+                    raise PassError(f"fold_host_constants left a host transfer {node.format_node()} of a "
+                                    f"{src.device} constant")
+
+
+_TRANSFERS = {torch.ops.aten._to_copy.default, torch.ops.aten.to.device, torch.ops.aten.to.dtype_layout,
+              torch.ops.aten.to.prim_Device, torch.ops.aten.to.dtype, torch.ops.aten.to.other}

@@ -1,0 +1,41 @@
+"""prune_dead: drop nodes nobody uses, keeping every op with an effect.
+
+``fx.Graph.eliminate_dead_code`` would also drop an unused ``aten.rand``; that changes
+how far the generator advances and so every later random draw.  Here random draws,
+writes (mutable schemas), placeholders and impure nodes always stay.
+"""
+
+from __future__ import annotations
+
+import torch.fx as fx
+
+from .base import CadencePass, PassResult, has_side_effect
+
+
+class PruneDead(CadencePass):
+    name = "prune_dead"
+
+    def call(self, gm: fx.GraphModule) -> PassResult:
+        removed = 0
+        for node in reversed(list(gm.graph.nodes)):
+            if not node.users and not has_side_effect(node):
+                gm.graph.erase_node(node)
+                removed += 1
+        gm.delete_all_unused_submodules()
+        _drop_unused_attrs(gm)
+        return PassResult(gm, removed > 0, {"removed": removed})
+
+
+def _drop_unused_attrs(gm: fx.GraphModule) -> None:
+    """Delete tensor attributes no ``get_attr`` refers to (frees rebound buffers)."""
+    used = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
+    for name in list(vars(gm)):
+        if (name.startswith("_tensor_constant") or name.startswith("_param_constant")
+                or name.startswith("_folded")) and name not in used:
+            delattr(gm, name)
+    for name in list(gm._buffers):
+        if name not in used:
+            del gm._buffers[name]
+    for name in list(gm._parameters):
+        if name not in used:
+            del gm._parameters[name]

@@ -1,0 +1,61 @@
+"""Arena: one allocation per session, every region a view at a fixed offset.
+
+Addresses never move while the session lives; state is written back in place.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+
+from ..errors import CadenceError
+from ..plan import ArenaLayout
+
+
+class ArenaMoved(CadenceError, RuntimeError):
+    """A region's data pointer changed: something replaced arena memory."""
+
+
+class Arena:
+    def __init__(self, layout: ArenaLayout, device: torch.device | str):
+        self.layout = layout
+        self.device = torch.device(device)
+        # zero-filled so a region's never-written tail is deterministic, as in the
+        # stock buffers (which upstream creates with torch.zeros)
+        self.storage = torch.zeros(layout.total_bytes, dtype=torch.uint8, device=self.device)
+        self.regions: dict[str, torch.Tensor] = {}
+        for slot in layout.slots:
+            flat = self.storage[slot.offset: slot.offset + slot.nbytes]
+            self.regions[slot.name] = flat.view(getattr(torch, slot.dtype)).view(slot.shape)
+        self._ptrs = {n: t.data_ptr() for n, t in self.regions.items()}
+
+    @property
+    def nbytes(self) -> int:
+        return self.storage.numel()
+
+    def full(self, name: str) -> torch.Tensor:
+        """The region at capacity (what a rebound module buffer is)."""
+        try:
+            return self.regions[name]
+        except KeyError:
+            raise CadenceError(f"arena has no region {name!r}; regions: {sorted(self.regions)}") from None
+
+    def view(self, name: str, extent: int | None) -> torch.Tensor:
+        """The region narrowed to ``extent`` along its growth axis (the live state)."""
+        slot = self.layout.slot(name)
+        full = self.full(name)
+        if slot.axis is None or extent is None:
+            return full
+        if not 0 <= extent <= full.shape[slot.axis]:
+            raise CadenceError(f"region {name!r}: extent {extent} is outside its capacity "
+                               f"{full.shape[slot.axis]} along axis {slot.axis}")
+        return full.narrow(slot.axis, 0, extent)
+
+    def assert_stable(self) -> None:
+        for name, t in self.regions.items():
+            if t.data_ptr() != self._ptrs[name] or self.storage.data_ptr() + self.layout.slot(name).offset != self._ptrs[name]:
+                raise ArenaMoved(f"region {name!r} moved from {self._ptrs[name]:#x} to {t.data_ptr():#x}")
+
+    def data_ptrs(self) -> Mapping[str, int]:
+        return dict(self._ptrs)

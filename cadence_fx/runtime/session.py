@@ -1,0 +1,184 @@
+"""Session: admission gate -> graph (or eager fallback) -> state stays in the arena.
+
+The runtime executes what ``cadence_fx.compiler`` produced (an ``Executable``: one
+program per catalog entry) and never reaches back into the passes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping
+
+import torch
+
+from ..errors import CadenceError, InputError, SessionClosed
+from ..plan import CatalogEntry, Plan
+from .arena import Arena
+from .counters import SessionStats
+
+
+@dataclasses.dataclass
+class EntryProgram:
+    """What runs for one catalog entry: ``run(*inputs, *arena_regions) -> outputs``."""
+
+    entry: CatalogEntry
+    run: Callable[..., tuple]
+    arena_inputs: tuple[str, ...]
+    next_extents: Mapping[str, int | None]
+    kind: str = "graph"  # "graph" (rewritten aten graph, eager kernels) or "cudagraph" (replay)
+
+
+@dataclasses.dataclass
+class Executable:
+    plan: Plan
+    programs: dict[int, EntryProgram]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    carried: tuple[str, ...]
+    rules: str
+    notes: dict[str, Any] = dataclasses.field(default_factory=dict)  # timings, pass records
+
+
+class AdmissionGate:
+    """Fail closed: a program runs only on the exact signature it was built for."""
+
+    def __init__(self, arena: Arena):
+        self.arena = arena
+
+    def check(self, entry: CatalogEntry, inputs: Mapping[str, torch.Tensor],
+              extents: Mapping[str, int | None]) -> str | None:
+        """``None`` to admit, else the reason (one line) to run eagerly."""
+        for name, spec in entry.inputs.items():
+            t = inputs.get(name)
+            if t is None:
+                return f"input {name!r} missing"
+            if tuple(t.shape) != tuple(spec.shape):
+                return f"input {name!r} shape {tuple(t.shape)} != catalog {tuple(spec.shape)}"
+            if str(t.dtype).removeprefix("torch.") != spec.dtype:
+                return f"input {name!r} dtype {t.dtype} != catalog {spec.dtype}"
+            if tuple(t.stride()) != tuple(spec.stride):
+                return f"input {name!r} stride {tuple(t.stride())} != catalog {tuple(spec.stride)}"
+            if t.device != torch.device(spec.device):
+                return f"input {name!r} device {t.device} != catalog {spec.device}"
+        for name, spec in entry.regions.items():
+            slot = self.arena.layout.slot(name)
+            if slot.axis is not None and extents.get(name) is not None and extents[name] != spec.shape[slot.axis]:
+                return f"region {name!r} extent {extents[name]} != catalog {spec.shape[slot.axis]}"
+        ptrs = self.arena.data_ptrs()
+        for name, t in self.arena.regions.items():
+            if t.data_ptr() != ptrs[name]:
+                return f"region {name!r} moved"
+        return None
+
+
+FallbackFn = Callable[..., tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]]
+
+
+class Session:
+    """One stream: its arena, its clock position and its counters.
+
+    ``step(inputs, **flags)`` returns the step's outputs (fresh tensors the caller
+    owns).  Any flag set (e.g. ``last_chunk=True``), any input outside the entry's
+    signature, or state extents outside the catalog run ``fallback`` eagerly on the
+    arena state; the reason is counted in ``stats()``.
+    """
+
+    def __init__(self, executable: Executable, arena: Arena, fallback: FallbackFn,
+                 extents: Mapping[str, int | None]):
+        self.executable = executable
+        self.arena = arena
+        self.gate = AdmissionGate(arena)
+        self.fallback = fallback
+        self.extents = dict(extents)
+        self._stats = SessionStats()
+        self.closed = False
+        self._expect_device = arena.device
+
+    # ------------------------------------------------------------------ public
+    def step(self, inputs: Mapping[str, torch.Tensor], **flags: Any) -> dict[str, torch.Tensor]:
+        if self.closed:
+            raise SessionClosed("this session is closed; start a new one (set_stream_cache / new_session)")
+        self._validate(inputs)
+        entry = self._entry()
+        reason = None
+        if any(flags.values()):
+            reason = "flags " + ",".join(k for k, v in flags.items() if v) + " outside the catalog (eager)"
+        elif entry is None:
+            reason = "state extents outside the catalog"
+        else:
+            reason = self.gate.check(entry, inputs, self.extents)
+        if reason is None:
+            program = self.executable.programs[entry.index]
+            args = [inputs[n] for n in self.executable.inputs] + [self.arena.full(n) for n in program.arena_inputs]
+            result = program.run(*args)
+            self.extents.update(program.next_extents)
+            counter = self._stats.replays if program.kind == "cudagraph" else self._stats.graph_runs
+            counter[entry.index] += 1
+            outputs = dict(zip(self.executable.outputs, result))
+        else:
+            self._stats.count_fallback(reason)
+            outputs = self._run_fallback(inputs, flags)
+        self._stats.steps += 1
+        return outputs
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """Live views of the carried regions (no copies)."""
+        return {r: self.arena.view(r, self.extents.get(r)) for r in self.executable.carried}
+
+    def stats(self) -> dict:
+        return self._stats.to_json()
+
+    def close(self) -> None:
+        self.closed = True
+
+    # ----------------------------------------------------------------- private
+    def _entry(self) -> CatalogEntry | None:
+        for entry in self.executable.plan.catalog:
+            if all(self.extents.get(r) is None or
+                   spec.shape[self.arena.layout.slot(r).axis] == self.extents[r]
+                   for r, spec in entry.regions.items() if self.arena.layout.slot(r).axis is not None):
+                return entry
+        return None
+
+    def _validate(self, inputs: Mapping[str, torch.Tensor]) -> None:
+        specs = self.executable.plan.inputs
+        for name in self.executable.inputs:
+            if name not in inputs:
+                raise InputError(f"missing input {name!r}; the step takes {list(self.executable.inputs)}")
+            t = inputs[name]
+            if not isinstance(t, torch.Tensor):
+                raise InputError(f"input {name!r} must be a tensor, got {type(t).__name__}")
+            if t.device != self._expect_device:
+                raise InputError(f"input {name!r} is on {t.device}; this session runs on {self._expect_device}")
+            want = specs[name].dtype
+            if str(t.dtype).removeprefix("torch.") != want:
+                raise InputError(f"input {name!r} has dtype {t.dtype}; the model takes {want}")
+            if t.dim() != len(specs[name].shape):
+                raise InputError(f"input {name!r} has {t.dim()} dims {tuple(t.shape)}; "
+                                 f"the model takes {len(specs[name].shape)} ({tuple(specs[name].shape)})")
+
+    def _run_fallback(self, inputs, flags) -> dict[str, torch.Tensor]:
+        state = self.state()
+        outputs, new_state = self.fallback(inputs, state, **flags)
+        # Check every region fits before writing any, so a bad step loses no state.
+        writes = {}
+        for r in self.executable.carried:
+            t = new_state[r]
+            full = self.arena.full(r)
+            axis = self.arena.layout.slot(r).axis
+            want = list(full.shape)
+            if axis is not None:
+                if t.shape[axis] > full.shape[axis]:
+                    raise CadenceError(f"eager step grew region {r!r} to {t.shape[axis]} along axis {axis}, past "
+                                       f"its arena capacity {full.shape[axis]}; the declared retention is too small")
+                want[axis] = t.shape[axis]
+            if list(t.shape) != want:
+                raise CadenceError(f"eager step returned region {r!r} of shape {tuple(t.shape)}; "
+                                   f"the arena holds {tuple(want)}")
+            if t.untyped_storage().data_ptr() == full.untyped_storage().data_ptr():
+                t = t.clone()  # written from its own memory: read it out first
+            writes[r] = (t, None if axis is None else t.shape[axis])
+        for r, (t, extent) in writes.items():
+            self.arena.view(r, extent).copy_(t)
+            self.extents[r] = extent
+        return outputs

@@ -1,0 +1,144 @@
+"""Stock vs optimized, chunk by chunk, bit for bit.
+
+Both paths run in one process from the same seeds, in lockstep: before each chunk
+the CPU and CUDA generators are set to the same state for both, so random draws
+(HiFT's ``rand``/``randn``) match.  Each chunk compares the float waveform
+(``torch.equal``), the SHA-256 of its PCM bytes, and every carried state tensor
+(``torch.equal`` of the optimized arena view against the stock tensor's live extent).
+On CUDA the deterministic protocol is on: ``torch.use_deterministic_algorithms(True)``
+with ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` (stock eager is not bit-reproducible on
+GPU without it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import time
+from typing import Any, Callable
+
+import torch
+
+
+def deterministic_protocol() -> None:
+    """Must run before the first cuBLAS call of the process."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+
+
+@dataclasses.dataclass
+class ChunkReport:
+    chunk: int
+    last: bool
+    route: str  # "entry N", "fallback: reason"
+    samples: int
+    wave_equal: bool
+    pcm_equal: bool
+    state_equal: bool
+    mismatched: list[str]
+    pcm_sha256: str
+    stock_ms: float
+    opt_ms: float
+
+
+def _rng_state(device: torch.device):
+    cpu = torch.random.get_rng_state()
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return cpu, cuda
+
+
+def _set_rng_state(state, device: torch.device) -> None:
+    torch.random.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1], device)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def live_extent(stock: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """The part of a stock tensor an arena region holds (e.g. the first n of 16 step slots)."""
+    return stock[tuple(slice(0, s) for s in like.shape)]
+
+
+def compare_streams(stock, optimized, chunks: list[tuple[list[int], bool]], device: torch.device,
+                    progress: Callable[[str], None] | None = None, keep_pcm: bool = False) -> dict[str, Any]:
+    """Stream ``chunks`` through both (already set up) and compare everything.
+
+    With ``keep_pcm`` the report also holds ``"pcm": {"stock": bytes, "optimized": bytes}``.
+    """
+    rows: list[ChunkReport] = []
+    pcm_all: dict[str, list[bytes]] = {"stock": [], "optimized": []}
+    pcm_stock, pcm_opt = hashlib.sha256(), hashlib.sha256()
+    for i, (tokens, last) in enumerate(chunks):
+        rng = _rng_state(device)
+        _sync(device)
+        t0 = time.perf_counter()
+        wave_s = stock.stream(tokens, last_chunk=last, return_waveform=True)
+        _sync(device)
+        t1 = time.perf_counter()
+        before = dict(optimized.stats().get("fallbacks", {}))
+        runs_before = optimized.stats()
+        _set_rng_state(rng, device)
+        t2 = time.perf_counter()
+        wave_o = optimized.stream(tokens, last_chunk=last, return_waveform=True)
+        _sync(device)
+        t3 = time.perf_counter()
+        after = optimized.stats()
+        route = _route(runs_before, after, before)
+        from .integrations.stepaudio2 import pcm_bytes  # PCM conversion is upstream's, shared
+        ps, po = pcm_bytes(wave_s), pcm_bytes(wave_o)
+        pcm_stock.update(ps)
+        pcm_opt.update(po)
+        if keep_pcm:
+            pcm_all["stock"].append(ps)
+            pcm_all["optimized"].append(po)
+        mismatched = []
+        so = optimized.state()
+        for name, t in stock.state().items():
+            if name not in so or not torch.equal(live_extent(t, so[name]), so[name]):
+                mismatched.append(name)
+        wave_equal = torch.equal(stock.last_speech, optimized.last_speech)
+        rows.append(ChunkReport(i, last, route, int(wave_s.shape[-1]), wave_equal, ps == po, not mismatched,
+                                mismatched, hashlib.sha256(po).hexdigest(), (t1 - t0) * 1e3, (t3 - t2) * 1e3))
+        if progress:
+            r = rows[-1]
+            progress(f"chunk {i + 1}/{len(chunks)}: {route}, wave {'=' if r.wave_equal else '!='}, "
+                     f"state {'=' if r.state_equal else '!= ' + ','.join(mismatched)}")
+    exact = all(r.wave_equal and r.pcm_equal and r.state_equal for r in rows)
+    extra = {"pcm": {k: b"".join(v) for k, v in pcm_all.items()}} if keep_pcm else {}
+    return {
+        **extra,
+        "exact": exact,
+        "chunks": len(rows),
+        "mismatches": [dataclasses.asdict(r) for r in rows if not (r.wave_equal and r.pcm_equal and r.state_equal)],
+        "pcm_sha256_stock": pcm_stock.hexdigest(),
+        "pcm_sha256_optimized": pcm_opt.hexdigest(),
+        "per_chunk": [dataclasses.asdict(r) for r in rows],
+    }
+
+
+def _route(before: dict, after: dict, fb_before: dict) -> str:
+    fb = after.get("fallbacks", {})
+    for reason, n in fb.items():
+        if n > fb_before.get(reason, 0):
+            return f"fallback: {reason}"
+    for kind in ("replays", "graph_runs"):
+        for entry, n in after.get(kind, {}).items():
+            if n > before.get(kind, {}).get(entry, 0):
+                return f"{'replay' if kind == 'replays' else 'graph'} entry {entry}"
+    return "?"
+
+
+def format_table(report: dict[str, Any]) -> str:
+    lines = [f"{'chunk':>5} {'route':<44} {'samples':>7} {'wave':>5} {'pcm':>4} {'state':>5} "
+             f"{'stock ms':>9} {'opt ms':>8}  pcm sha256"]
+    for r in report["per_chunk"]:
+        lines.append(f"{r['chunk']:>5} {r['route'][:44]:<44} {r['samples']:>7} "
+                     f"{'=' if r['wave_equal'] else 'DIFF':>5} {'=' if r['pcm_equal'] else 'DIFF':>4} "
+                     f"{'=' if r['state_equal'] else 'DIFF':>5} {r['stock_ms']:>9.1f} {r['opt_ms']:>8.1f}  "
+                     f"{r['pcm_sha256'][:16]}")
+    return "\n".join(lines)
