@@ -55,6 +55,11 @@ class StreamingAdapter:
         """Run one step eagerly on any signature (private scratch buffers, sized per call)."""
         raise NotImplementedError
 
+    def step_boundary(self):
+        """For per-step capture (rules R/SR): ``key(node) -> hashable``; a new graph
+        starts wherever the key changes (e.g. entering or leaving the estimator)."""
+        return None
+
     def callable_verdicts(self) -> tuple:
         """``ScopeVerdict``s for the model's callables (what is traced, what stays eager and why)."""
         return ()

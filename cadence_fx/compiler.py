@@ -22,6 +22,8 @@ from .annotations import Declaration
 from .errors import RulesError
 from .passes.base import PassManager, this_before_that
 from .passes.fold_host_constants import FoldHostConstants
+from .passes.lower_cudagraph import LowerCudaGraph
+from .passes.partition import Partition
 from .passes.prune_dead import PruneDead
 from .passes.state_rewrite import RegionBinding, StateRewrite
 from .passes.trace import trace_step
@@ -40,8 +42,9 @@ def check_rules(rules: str, device: torch.device) -> str:
         if device.type != "cuda" or not torch.cuda.is_available():
             raise RulesError(f"rules {rules!r} replay CUDA graphs and need a CUDA device; this model is on "
                              f"{device} (CUDA available: {torch.cuda.is_available()}). Use rules='S' here.")
-        raise RulesError(f"rules {rules!r}: CUDA-graph replay is not built yet (see the replay issue); "
-                         f"use rules='S'")
+        if "S" not in rules:
+            raise RulesError(f"rules {rules!r} (replay over stock-managed state) is not built yet; "
+                             f"use {'SR' if rules == 'R' else 'SRc'}")
     return rules
 
 
@@ -67,9 +70,16 @@ def region_bindings(plan: Plan, entry: CatalogEntry) -> list[RegionBinding]:
     return out
 
 
-def rewrite_pipeline(bindings: list[RegionBinding], debug: bool = False) -> PassManager:
-    return PassManager([PruneDead(), FoldHostConstants(), PruneDead(), StateRewrite(bindings)],
-                       constraints=[this_before_that(FoldHostConstants, StateRewrite)],
+def rewrite_pipeline(bindings: list[RegionBinding], rules: str = "S", device_type: str = "cpu",
+                     boundary=None, debug: bool = False) -> PassManager:
+    passes = [PruneDead(), FoldHostConstants(), PruneDead(), StateRewrite(bindings)]
+    if "R" in rules:
+        granularity = "chunk" if rules.endswith("c") else "step"
+        passes += [Partition(device_type, granularity, boundary), LowerCudaGraph()]
+    return PassManager(passes,
+                       constraints=[this_before_that(FoldHostConstants, StateRewrite),
+                                    this_before_that(StateRewrite, Partition),
+                                    this_before_that(Partition, LowerCudaGraph)],
                        checks=[lambda gm: gm.graph.lint()], debug=debug)
 
 
@@ -102,11 +112,13 @@ def compile_executable(adapter: StreamingAdapter, rules: str = "S",
         with torch.random.fork_rng(devices=devices):
             gm = trace_step(step, sig, adapter.example_inputs(), example_state, by_region)
             bindings = region_bindings(plan, entry)
-            gm, results = rewrite_pipeline(bindings)(gm)
+            gm, results = rewrite_pipeline(bindings, rules, device.type, adapter.step_boundary())(gm)
         notes["trace_s"][entry.index] = round(time.perf_counter() - t0, 3)
-        notes["rewrite"][entry.index] = str(results[-1].record)
+        notes["rewrite"][entry.index] = "; ".join(f"{type(p).__name__}: {r.record}" for p, r in
+                                                   zip(rewrite_pipeline(bindings, rules).passes, results))
         nxt = {b.name: b.extent_out for b in bindings if b.carried}
-        programs[entry.index] = EntryProgram(entry, gm, tuple(gm.meta["cadence_arena_inputs"]), nxt, "graph")
+        kind = "cudagraph" if "R" in rules else "graph"
+        programs[entry.index] = EntryProgram(entry, gm, tuple(gm.meta["cadence_arena_inputs"]), nxt, kind)
     del scratch, step
     return Executable(plan, programs, sig.inputs, sig.outputs, carried, rules, notes)
 

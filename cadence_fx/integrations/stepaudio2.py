@@ -366,6 +366,7 @@ class Token2WavAdapter(StreamingAdapter):
 
     def bind(self, buffers: Mapping[str, torch.Tensor]):
         flow = rebind_buffers(self.flow, _flow_buffers(buffers))
+        _mark_estimator_calls(flow)
 
         def step(inputs, state, last_chunk: bool = False):
             return stream_step(flow, self.hift, self.window, self.cfg, inputs, state, last_chunk)
@@ -388,6 +389,10 @@ class Token2WavAdapter(StreamingAdapter):
             "flow.decoder.estimator.cnn_cache_buffer": torch.zeros((16, 2, 1024, 2), dtype=dt, device=dev),
         }
         return self.bind(buffers)(inputs, state, last_chunk)
+
+    def step_boundary(self):
+        """Per-step graphs (rules R/SR): one per DiT estimator call, one per stretch between."""
+        return lambda node: "estimator" in node.meta.get("cadence_scope", ())
 
     def callable_verdicts(self) -> tuple:
         from ..plan import ScopeVerdict
@@ -425,6 +430,18 @@ def explain_adapter(prompt_tokens: int, n_timesteps: int, float16: bool, device)
     adapter = Token2WavAdapter(None, None, None, cfg, spk, stock)
     adapter._device = torch.device(device)
     return adapter
+
+
+def _mark_estimator_calls(flow) -> None:
+    """Tag the nodes of each DiT call (on the twin's own estimator copy only)."""
+    from ..passes.trace import scope
+    est = flow.decoder.estimator
+    inner = type(est).forward_chunk.__get__(est)
+
+    def forward_chunk(*args, **kwargs):
+        with scope("estimator"):
+            return inner(*args, **kwargs)
+    est.forward_chunk = forward_chunk
 
 
 def _buffer(root: torch.nn.Module, path: str) -> torch.Tensor:
@@ -490,6 +507,8 @@ class OptimizedToken2Wav:
         exe = self.executable(prompt_frames, spk)
         adapter = self._adapter(prompt_frames, spk)
         arena = Arena(exe.plan.layout, self.device)
+        session = Session(exe, arena, adapter.fallback, {})
+        session.prepare_replay(adapter.example_inputs())  # rules R: capture on this arena, then zero it
         state = adapter.setup(buffer_bindings(adapter.declaration, arena), prompt_tokens, prompt_mels, spk)
         entry0 = exe.plan.catalog[0]
         extents = {}
@@ -507,7 +526,8 @@ class OptimizedToken2Wav:
             if r in extents and axis is not None and extents[r] != spec.shape[axis]:
                 raise RuntimeError(f"setup left {r} at {extents[r]} frames; catalog entry 0 expects {spec.shape[axis]}")
         self.spk, self.prompt_frames = spk, prompt_frames
-        self.session = Session(exe, arena, adapter.fallback, extents)
+        session.extents = dict(extents)
+        self.session = session
 
     @torch.inference_mode()
     def stream(self, generated_speech_tokens, last_chunk: bool = False, return_waveform: bool = False):

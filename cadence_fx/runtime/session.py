@@ -95,6 +95,34 @@ class Session:
         self._expect_device = arena.device
 
     # ------------------------------------------------------------------ public
+    def prepare_replay(self, example_inputs: Mapping[str, torch.Tensor]) -> dict[int, dict[str, str]]:
+        """Capture every entry's graphs on this session's arena (before its state is set up).
+
+        Capture runs each entry once for real: the generators are forked so the
+        caller's random stream is untouched, and the arena is zeroed afterwards.
+        Returns per entry the regions whose capture failed (they run eagerly).
+        """
+        from .graphs import capture_entry, fresh_regions
+        failed: dict[int, dict[str, str]] = {}
+        if not any(p.kind == "cudagraph" for p in self.executable.programs.values()):
+            return failed
+        self._pool = torch.cuda.graph_pool_handle()
+        self._programs = {}
+        dev = self.arena.device
+        with torch.random.fork_rng(devices=[dev]):
+            for idx, program in sorted(self.executable.programs.items()):
+                parent = fresh_regions(program.run)
+                args = ([example_inputs[n] for n in self.executable.inputs]
+                        + [self.arena.full(n) for n in program.arena_inputs])
+                try:
+                    failed[idx] = capture_entry(parent, args, self._pool, self.arena.storage.data_ptr())
+                except torch.OutOfMemoryError as e:  # capture must never crash a stream
+                    failed[idx] = {"*": f"out of memory while capturing: {e}"}
+                self._programs[idx] = dataclasses.replace(program, run=parent)
+        self.arena.storage.zero_()
+        self.capture_failures = failed
+        return failed
+
     def step(self, inputs: Mapping[str, torch.Tensor], **flags: Any) -> dict[str, torch.Tensor]:
         if self.closed:
             raise SessionClosed("this session is closed; start a new one (set_stream_cache / new_session)")
@@ -108,12 +136,24 @@ class Session:
         else:
             reason = self.gate.check(entry, inputs, self.extents)
         if reason is None:
-            program = self.executable.programs[entry.index]
+            program = self._program(entry.index)
             args = [inputs[n] for n in self.executable.inputs] + [self.arena.full(n) for n in program.arena_inputs]
-            result = program.run(*args)
+            if program.kind == "cudagraph":
+                from .graphs import region_stats
+                before = region_stats(program.run)
+                result = tuple(t.clone() for t in program.run(*args))  # static outputs: copy before the next replay
+                after = region_stats(program.run)
+                for why, n in after[1].items():
+                    for _ in range(n - before[1].get(why, 0)):
+                        self._stats.count_fallback(f"region refused replay: {why}")
+                if after[0] > before[0]:
+                    self._stats.replays[entry.index] += 1
+                else:
+                    self._stats.graph_runs[entry.index] += 1
+            else:
+                result = program.run(*args)
+                self._stats.graph_runs[entry.index] += 1
             self.extents.update(program.next_extents)
-            counter = self._stats.replays if program.kind == "cudagraph" else self._stats.graph_runs
-            counter[entry.index] += 1
             outputs = dict(zip(self.executable.outputs, result))
         else:
             self._stats.count_fallback(reason)
@@ -132,6 +172,15 @@ class Session:
         self.closed = True
 
     # ----------------------------------------------------------------- private
+    def _program(self, index: int) -> EntryProgram:
+        programs = getattr(self, "_programs", None)
+        if programs is not None:
+            return programs[index]
+        program = self.executable.programs[index]
+        if program.kind == "cudagraph":
+            raise CadenceError("replay programs need prepare_replay() on the session first")
+        return program
+
     def _entry(self) -> CatalogEntry | None:
         for entry in self.executable.plan.catalog:
             if all(self.extents.get(r) is None or

@@ -1,0 +1,47 @@
+"""lower_cudagraph: capturable submodules -> ``CapturedRegion`` modules (rule R).
+
+Input: a partitioned ``GraphModule`` (``Partition``) whose children carry
+``meta["cadence_capturable"]``.  Each capturable child is replaced by a
+``runtime.graphs.CapturedRegion`` wrapping it; eager islands stay as they are.
+Capture itself happens per session (``runtime.graphs.capture_entry``), because a
+graph binds the session's arena by address.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch.fx as fx
+
+from ..runtime.graphs import CapturedRegion
+from .base import CadencePass, PassResult
+
+
+@dataclasses.dataclass(frozen=True)
+class LowerRecord:
+    captured: tuple[str, ...]
+    eager: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return f"captured {list(self.captured)}; eager islands {list(self.eager)}"
+
+
+class LowerCudaGraph(CadencePass):
+    name = "lower_cudagraph"
+
+    def requires(self, gm: fx.GraphModule) -> None:
+        from ..errors import PassError
+        if not any(isinstance(getattr(m, "meta", None), dict) and "cadence_capturable" in m.meta
+                   for m in gm.children()):
+            raise PassError("lower_cudagraph needs a graph from partition (no capturable tags)")
+
+    def call(self, gm: fx.GraphModule) -> PassResult:
+        captured, eager = [], []
+        for name, child in list(gm.named_children()):
+            if getattr(child, "meta", {}).get("cadence_capturable"):
+                n_args = sum(1 for n in child.graph.nodes if n.op == "placeholder")
+                setattr(gm, name, CapturedRegion(child, [False] * n_args, name=name))
+                captured.append(name)
+            else:
+                eager.append(name)
+        return PassResult(gm, bool(captured), LowerRecord(tuple(captured), tuple(eager)))

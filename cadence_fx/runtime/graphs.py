@@ -1,0 +1,244 @@
+"""CUDA-graph capture and replay of one capturable region (rule R).
+
+``CapturedRegion`` wraps a ``GraphModule`` piece.  Its arguments are of two kinds:
+*bound* tensors (arena regions and other session-lived memory) are captured by
+address and must be the very same memory at every replay; *copied* tensors (the
+step's inputs, values from an eager island) are copied into static buffers before
+each replay.  Outputs are the graph's static tensors: valid until this session's
+next replay; the session clones what it hands to the caller.
+
+Fail closed: ``__call__`` compares every argument against what was captured
+(shape, stride, dtype, device; data pointer for bound ones) and raises
+``ReplayRefused`` with the reason on any mismatch; the session then runs the same
+piece eagerly and counts the reason.
+
+Random draws: PyTorch registers the default CUDA generator with the graph, and
+each replay advances its Philox offset by what the captured kernels draw, from the
+generator's state at replay time, as eager would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import torch
+
+from ..errors import CadenceError
+
+
+class ReplayRefused(CadenceError, RuntimeError):
+    """A live call does not match what a region was captured for."""
+
+
+class CaptureFailed(CadenceError, RuntimeError):
+    """Capture of a region failed; the session runs it eagerly instead."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ArgSpec:
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+    data_ptr: int | None  # bound args only
+
+    @classmethod
+    def of(cls, t: torch.Tensor, bound: bool) -> "ArgSpec":
+        return cls(tuple(t.shape), tuple(t.stride()), t.dtype, t.device, t.data_ptr() if bound else None)
+
+    def mismatch(self, t: Any, i: int) -> str | None:
+        if not isinstance(t, torch.Tensor):
+            return f"arg {i} is {type(t).__name__}, captured a tensor"
+        for field, live in (("shape", tuple(t.shape)), ("stride", tuple(t.stride())), ("dtype", t.dtype),
+                            ("device", t.device)):
+            if live != getattr(self, field):
+                return f"arg {i} {field} {live} != captured {getattr(self, field)}"
+        if self.data_ptr is not None and t.data_ptr() != self.data_ptr:
+            return f"arg {i} (bound by address) moved from {self.data_ptr:#x} to {t.data_ptr():#x}"
+        return None
+
+
+class CapturedRegion(torch.nn.Module):
+    """One CUDA graph for one piece of one catalog entry."""
+
+    def __init__(self, piece: torch.nn.Module, bound: Sequence[bool], name: str = "region"):
+        super().__init__()
+        self.piece = piece
+        self.bound = tuple(bound)  # refined at capture: arena-aliasing args are bound by address
+        self.name = name
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.specs: tuple[ArgSpec | None, ...] = ()
+        self.static_in: list[torch.Tensor | None] = []
+        self.static_out: Any = None
+        self.replays = 0
+        self.refusals: dict[str, int] = {}
+
+    def capture(self, args: Sequence[Any], pool, stream: torch.cuda.Stream, arena_ptr: int | None = None) -> None:
+        """Capture on ``stream`` into ``pool``; the caller has warmed the piece up.
+
+        An argument that aliases the arena (``arena_ptr``: its storage's address) is
+        bound by address: a static copy of it would take the graph's writes away
+        from the arena.
+        """
+        if len(args) != len(self.bound):
+            raise CaptureFailed(f"{self.name}: {len(args)} args, expected {len(self.bound)}")
+        if arena_ptr is not None:
+            self.bound = tuple(b or (isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == arena_ptr)
+                               for a, b in zip(args, self.bound))
+        self.specs = tuple(ArgSpec.of(a, b) if isinstance(a, torch.Tensor) else None
+                           for a, b in zip(args, self.bound))
+        self.static_in = [None if (b or not isinstance(a, torch.Tensor)) else a.clone()
+                          for a, b in zip(args, self.bound)]
+        call_args = [s if s is not None else a for a, s in zip(args, self.static_in)]
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, pool=pool, stream=stream):
+                out = self.piece(*call_args)
+        except Exception as e:
+            raise CaptureFailed(f"{self.name}: capture failed: {type(e).__name__}: {e}") from e
+        self.graph, self.static_out = graph, out
+
+    def check(self, args: Sequence[Any]) -> str | None:
+        if self.graph is None:
+            return f"{self.name}: not captured"
+        if len(args) != len(self.specs):
+            return f"{self.name}: {len(args)} args, captured {len(self.specs)}"
+        for i, (a, spec) in enumerate(zip(args, self.specs)):
+            if spec is None:
+                continue
+            why = spec.mismatch(a, i)
+            if why:
+                return f"{self.name}: {why}"
+        return None
+
+    def forward(self, *args):
+        if getattr(self, "trivial", False):
+            return self.piece(*args)
+        why = self.check(args)
+        if why is not None:
+            # fail closed: the same piece, eagerly; the reason is counted
+            self.refusals[why] = self.refusals.get(why, 0) + 1
+            return self.piece(*args)
+        for s, a in zip(self.static_in, args):
+            if s is not None:
+                s.copy_(a)
+        self.graph.replay()
+        self.replays += 1
+        return self.static_out
+
+
+def capture_entry(parent: torch.fx.GraphModule, args: Sequence[Any], pool, arena_ptr: int) -> dict[str, str]:
+    """Warm up and capture every ``CapturedRegion`` of one entry's graph, in order.
+
+    Runs the entry once eagerly (on a side stream), capturing each region right
+    after warming it up on its live arguments.  This mutates the arena and draws
+    from the generators: the caller forks the generators and resets the arena.
+    Returns ``{region: reason}`` for regions whose capture failed (they stay eager).
+    """
+    failed: dict[str, str] = {}
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+
+    def call_module(mod, args_):
+        if isinstance(mod, CapturedRegion) and not has_kernels(mod.piece):
+            mod.graph = None  # views only: nothing to replay, run it as is
+            mod.refusals = {}
+            mod.trivial = True
+            return mod.piece(*args_)
+        if isinstance(mod, CapturedRegion):
+            out = mod.piece(*args_)  # warm-up: lazy inits (cuBLAS handles, workspaces) outside capture
+            torch.cuda.synchronize()
+            try:
+                mod.capture(args_, pool, stream, arena_ptr)
+            except CaptureFailed as e:
+                failed[mod.name] = str(e)
+                mod.graph = None
+                mod.refusals = {}
+                _release_generator(pool, stream)
+            torch.cuda.synchronize()
+            return out
+        return mod(*args_)
+
+    with torch.cuda.stream(stream):
+        run_graph(parent, args, call_module)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    return failed
+
+
+def _release_generator(pool, stream) -> None:
+    """Leave the CUDA generator usable after a capture that raised.
+
+    A capture invalidated mid-way (e.g. a kernel that syncs the host) exits without
+    the generator's capture epilogue, and every later eager random draw then fails
+    ("Offset increment outside graph capture").  An empty capture runs prologue and
+    epilogue once and clears that state.
+    """
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            with torch.cuda.graph(torch.cuda.CUDAGraph(), pool=pool, stream=stream):
+                pass
+        except Exception:  # noqa: BLE001 - best effort; the failure itself is already recorded
+            pass
+
+
+def fresh_regions(parent: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A per-session copy of an entry's graph: same pieces, new (uncaptured) regions.
+
+    Graphs bind one arena by address, so each session captures its own.
+    """
+    import copy
+    gm = copy.copy(parent)
+    gm._modules = dict(parent._modules)
+    for name, mod in parent._modules.items():
+        if isinstance(mod, CapturedRegion):
+            gm._modules[name] = CapturedRegion(mod.piece, [False] * len(mod.bound), name=mod.name)
+    return gm
+
+
+def region_stats(parent: torch.fx.GraphModule) -> tuple[int, dict[str, int]]:
+    """(replays, refusal reasons) summed over an entry's regions."""
+    replays, refusals = 0, {}
+    for mod in parent.children():
+        if isinstance(mod, CapturedRegion):
+            replays += mod.replays
+            for k, v in mod.refusals.items():
+                refusals[k] = refusals.get(k, 0) + v
+    return replays, refusals
+
+
+_NO_KERNEL = {"aten.alias.default", "aten.slice.Tensor", "aten.select.int", "aten.view.default",
+              "aten.reshape.default", "aten.unsqueeze.default", "aten.squeeze.dim", "aten.transpose.int",
+              "aten.permute.default", "aten.expand.default", "aten.detach.default", "aten.t.default",
+              "aten.split.Tensor", "aten.split_with_sizes.default", "aten.chunk.default", "aten.unbind.int",
+              "aten.narrow.default", "aten.as_strided.default", "aten.view_as.default", "aten.expand_as.default"}
+
+
+def has_kernels(piece: torch.fx.GraphModule) -> bool:
+    """Whether a piece launches anything (a views-only piece would capture an empty graph)."""
+    import operator
+    return any(n.op == "call_function" and n.target is not operator.getitem and str(n.target) not in _NO_KERNEL
+               for n in piece.graph.nodes)
+
+
+def run_graph(gm: torch.fx.GraphModule, args: Sequence[Any], call_module) -> Any:
+    """Execute ``gm``'s top-level graph node by node, routing ``call_module`` nodes."""
+    env: dict[torch.fx.Node, Any] = {}
+    it = iter(args)
+    load = lambda a: torch.fx.node.map_arg(a, lambda n: env[n])  # noqa: E731
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            env[node] = next(it)
+        elif node.op == "get_attr":
+            env[node] = getattr(gm, node.target)
+        elif node.op == "call_function":
+            env[node] = node.target(*load(node.args), **load(node.kwargs))
+        elif node.op == "call_module":
+            env[node] = call_module(gm.get_submodule(node.target), load(node.args))
+        elif node.op == "output":
+            return load(node.args[0])
+        else:
+            raise RuntimeError(f"unexpected node {node.format_node()}")
