@@ -131,6 +131,7 @@ class Partition(CadencePass):
                 part[node] = min(part[u] for u in users) if users else 0
 
         split = split_module(gm, gm, lambda n: part[n], keep_original_order=True)
+        _sink_constants(split)
         regions = []
         for name, mod in split.named_children():
             idx = int(name.removeprefix("submod_"))
@@ -144,6 +145,50 @@ class Partition(CadencePass):
         self.record = PartitionRecord(tuple(regions), islands)
         _check_region_graph(split)
         return PassResult(split, True, self.record)
+
+
+def _sink_constants(split: fx.GraphModule) -> None:
+    """Move constants (parameters, buffers, folded tables) back inside each region.
+
+    ``split_module`` keeps ``get_attr`` nodes in the parent and passes them to the
+    pieces as arguments.  A captured piece must read weights from their own memory
+    by address: as arguments they would be copied into static buffers on every
+    replay (gigabytes), and a copy of a strided view is contiguous, which can change
+    the kernel a matmul picks and so the bits.
+    """
+    for call in [n for n in split.graph.nodes if n.op == "call_module"]:
+        sub = split.get_submodule(call.target)
+        placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+        if len(call.args) != len(placeholders) or call.kwargs:
+            raise PassError(f"partition: unexpected call signature for {call.target}")
+        kept = []
+        for i, (arg, ph) in enumerate(zip(call.args, placeholders)):
+            if isinstance(arg, fx.Node) and arg.op == "get_attr":
+                value = split.get_parameter(arg.target) if isinstance(
+                    _fetch(split, arg.target), torch.nn.Parameter) else _fetch(split, arg.target)
+                name = f"_c{i}_{ph.name}"
+                if isinstance(value, torch.nn.Parameter):
+                    sub.register_parameter(name, value)
+                else:
+                    sub.register_buffer(name, value, persistent=False)
+                with sub.graph.inserting_before(ph):
+                    const = sub.graph.get_attr(name)
+                ph.replace_all_uses_with(const)
+                sub.graph.erase_node(ph)
+            else:
+                kept.append(arg)
+        call.args = tuple(kept)
+        sub.recompile()
+    for node in list(split.graph.nodes):
+        if node.op == "get_attr" and not node.users:
+            split.graph.erase_node(node)
+    split.recompile()
+
+
+def _fetch(mod: torch.nn.Module, target: str):
+    for part in target.split("."):
+        mod = getattr(mod, part)
+    return mod
 
 
 def _check_region_graph(split: fx.GraphModule) -> None:
