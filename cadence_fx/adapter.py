@@ -47,7 +47,11 @@ class StreamingAdapter:
         raise NotImplementedError
 
     def bind(self, buffers: Mapping[str, torch.Tensor]) -> StepFn:
-        """The upstream step on modules whose region buffers are ``buffers`` (region -> tensor)."""
+        """The upstream step on modules whose region-bound buffers are replaced.
+
+        ``buffers`` maps a module buffer path (as declared in ``Region.buffers``,
+        e.g. ``"flow.decoder.att_cache_buffer"``) to the tensor that replaces it.
+        """
         raise NotImplementedError
 
     def fallback(self, inputs: Mapping[str, torch.Tensor], state: Mapping[str, torch.Tensor],

@@ -16,17 +16,20 @@ from typing import Any
 MODELS = ("token2wav",)
 
 
-def _add_model_args(p: argparse.ArgumentParser, *, rules: bool = True) -> None:
+def _add_model_args(p: argparse.ArgumentParser, *, weights: bool = True, rules: str | None = "S") -> None:
     p.add_argument("--model", choices=MODELS, default="token2wav")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--prompt-tokens", type=int, default=50, help="prompt length P in tokens (mel frames = 2P)")
     p.add_argument("--n-timesteps", type=int, default=5, help="flow-matching steps per chunk (upstream: 5 or 10)")
     p.add_argument("--dtype", choices=("float32", "float16"), default="float32")
-    p.add_argument("--seed", type=int, default=0, help="seeds the weights, the prompt and the tokens")
-    p.add_argument("--checkpoint", default=None, help="directory with upstream flow.pt and hift.pt")
+    if weights:
+        p.add_argument("--seed", type=int, default=0, help="seeds the weights, the prompt and the tokens")
+        p.add_argument("--checkpoint", default=None, help="directory with upstream flow.pt and hift.pt")
     p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
-    if rules:
-        p.add_argument("--rules", default="S", help="S (CPU or CUDA); R, SR, Rc, SRc (CUDA)")
+    if rules is not None:
+        p.add_argument("--rules", default=rules, help="S (CPU or CUDA); SR (per DiT call) or SRc (per chunk) "
+                                                      "replay on CUDA" + ("; auto: SRc on CUDA, S on CPU"
+                                                                          if rules == "auto" else ""))
 
 
 def _progress(quiet: bool):
@@ -151,15 +154,22 @@ def cmd_demo(args) -> int:
     print(f"state memory: arena {plan.arena_bytes / 2**20:.1f} MiB vs stock buffers + state "
           f"{plan.stock_state_bytes / 2**20:.1f} MiB ({100 * plan.arena_bytes / plan.stock_state_bytes:.1f}%)")
     if tail.device.type == "cpu":
-        print("replay (rules R/SR/Rc/SRc) needs a CUDA GPU; this run verified rule S on the CPU")
-    return 0 if report["exact"] and paths["stock"][1] == paths["optimized"][1] else 1
+        print("replay (rules SR/SRc) needs a CUDA GPU; this run verified rule S on the CPU")
+    ok = report["exact"] and paths["stock"][1] == paths["optimized"][1]
+    if args.json:
+        print(json.dumps({"exact": ok, "chunks": report["chunks"], "rules": args.rules, "device": str(tail.device),
+                          "stock_ms_p50": stock_ms, "optimized_ms_p50": opt_ms, "compile_s": round(compile_s, 2),
+                          "arena_bytes": plan.arena_bytes, "stock_state_bytes": plan.stock_state_bytes,
+                          "wav": {k: {"path": p, "sha256": h} for k, (p, h) in paths.items()},
+                          "stats": opt.stats()}))
+    return 0 if ok else 1
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="cadence-fx", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("explain", help="print the plan: clocks, regions, catalog, arena, verdicts")
-    _add_model_args(p, rules=False)
+    _add_model_args(p, weights=False, rules=None)
     p.set_defaults(fn=cmd_explain)
     p = sub.add_parser("verify", help="stock vs optimized, every chunk, bit for bit")
     _add_model_args(p)
@@ -168,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(fn=cmd_verify)
     p = sub.add_parser("demo", help="the main job: ~10 s through stock and optimized, two WAVs, the verdict")
-    _add_model_args(p)
+    _add_model_args(p, rules="auto")
     p.add_argument("--chunks", type=int, default=10)
     p.add_argument("--final-tokens", type=int, default=0)
     p.add_argument("--out", default="cadence-fx-demo")

@@ -112,10 +112,11 @@ def compile_executable(adapter: StreamingAdapter, rules: str = "S",
         with torch.random.fork_rng(devices=devices):
             gm = trace_step(step, sig, adapter.example_inputs(), example_state, by_region)
             bindings = region_bindings(plan, entry)
-            gm, results = rewrite_pipeline(bindings, rules, device.type, adapter.step_boundary())(gm)
+            pipeline = rewrite_pipeline(bindings, rules, device.type, adapter.step_boundary())
+            gm, results = pipeline(gm)
         notes["trace_s"][entry.index] = round(time.perf_counter() - t0, 3)
-        notes["rewrite"][entry.index] = "; ".join(f"{type(p).__name__}: {r.record}" for p, r in
-                                                   zip(rewrite_pipeline(bindings, rules).passes, results))
+        notes["rewrite"][entry.index] = "; ".join(f"{type(p).__name__}: {r.record}"
+                                                   for p, r in zip(pipeline.passes, results))
         nxt = {b.name: b.extent_out for b in bindings if b.carried}
         kind = "cudagraph" if "R" in rules else "graph"
         programs[entry.index] = EntryProgram(entry, gm, tuple(gm.meta["cadence_arena_inputs"]), nxt, kind)

@@ -207,11 +207,9 @@ def test_toy_session_is_bit_exact(prompt_frames, retain):
     assert stats["graph_runs"] == {**{str(e): 1 for e in range(k - 1)}, str(k - 1): N_STEPS - (k - 1)}
 
 
-@pytest.mark.xfail(strict=True, raises=PassError, reason=(
-    "cadence_fx bug: aliasing.origins does not follow the result of an in-place op. When the "
-    "step writes the whole rebound buffer (buf[:, :, :L] = cache with L == capacity, the steady "
-    "step), torch elides the full slice, later reads go through copy_'s result, which is tagged '?' "
-    "instead of 'B', and StateRewrite.ensures reports a hazard that is not there"))
+# Regression: writing the whole rebound buffer (L == capacity at the steady step)
+# traces as copy_(buf, x) with no slice; reads through copy_'s result must keep the
+# buffer's origin, or the hazard check refuses a sound graph.
 def test_whole_buffer_write_at_capacity_is_exact():
     run = Lockstep(2, 4, write="slice")
     for i, x in enumerate(toy_inputs(N_STEPS)):

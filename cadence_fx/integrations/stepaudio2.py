@@ -195,7 +195,9 @@ TOKEN2WAV_DECLARATION = dict(
             Clock("mel", hz=50, stride=CHUNK_TOKENS * MEL_PER_TOKEN),
             Clock("sample", hz=24000, stride=CHUNK_TOKENS * MEL_PER_TOKEN * SAMPLES_PER_MEL)],
     regions=[
-        Region("conformer_cnn_cache", clock="mel", shape=(1, 512, 6), retention=Fixed(),
+        # float32 even when the flow runs in fp16: upstream cats an fp16 conv carry with
+        # an fp32 one (interpolate is not autocast), which promotes.
+        Region("conformer_cnn_cache", clock="mel", shape=(1, 512, 6), retention=Fixed(), dtype="float32",
                doc="pre-lookahead (2) + upsample (4) conv carry of the encoder"),
         Region("conformer_att_cache", clock="mel", shape=(10, 1, 8, "T", 128), axis=3,
                retention=Window(retain=RETAIN_FRAMES, prefix="prompt_frames"),

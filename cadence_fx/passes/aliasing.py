@@ -20,7 +20,7 @@ from typing import Mapping
 import torch
 import torch.fx as fx
 
-from .base import is_view, view_root, written_args
+from .base import is_view, returns_written, written_args
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,8 +53,9 @@ def origins(gm: fx.GraphModule) -> dict[fx.Node, str]:
             tag[node] = "S"
         elif role == "arena":
             tag[node] = "B"
-        elif node.op == "call_function" and is_view(node) and node.args and isinstance(node.args[0], fx.Node):
-            if node.args[0] in tag:
+        elif (node.op == "call_function" and (is_view(node) or returns_written(node)) and node.args
+              and isinstance(node.args[0], fx.Node)):
+            if node.args[0] in tag:  # a view, or an in-place op's result: the same memory, the same origin
                 tag[node] = tag[node.args[0]]
     return tag
 

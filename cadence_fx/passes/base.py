@@ -131,9 +131,20 @@ def is_view(node: fx.Node) -> bool:
     return info is not None and not info.is_write
 
 
+def returns_written(node: fx.Node) -> bool:
+    """An in-place op whose result is its first (written) argument, e.g. ``copy_``."""
+    t = node.target
+    if not isinstance(t, torch._ops.OpOverload) or not t._schema.returns or not t._schema.arguments:
+        return False
+    ret, first = t._schema.returns[0].alias_info, t._schema.arguments[0].alias_info
+    return (ret is not None and ret.is_write and first is not None and first.is_write
+            and ret.before_set == first.before_set)
+
+
 def view_root(node: fx.Node) -> fx.Node:
-    """Follow view ops back to the tensor they alias."""
-    while node.op == "call_function" and is_view(node) and node.args and isinstance(node.args[0], fx.Node):
+    """Follow view ops (and in-place ops' results, which alias what they wrote) back to the tensor."""
+    while (node.op == "call_function" and (is_view(node) or returns_written(node)) and node.args
+           and isinstance(node.args[0], fx.Node)):
         node = node.args[0]
     return node
 

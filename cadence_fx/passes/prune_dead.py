@@ -1,8 +1,10 @@
 """prune_dead: drop nodes nobody uses, keeping every op with an effect.
 
-``fx.Graph.eliminate_dead_code`` would also drop an unused ``aten.rand``; that changes
-how far the generator advances and so every later random draw.  Here random draws,
-writes (mutable schemas), placeholders and impure nodes always stay.
+An unused ``aten.rand`` must stay: dropping it changes how far the generator
+advances and so every later random draw.  ``fx.Graph.eliminate_dead_code`` keeps it
+on recent torch, but which ops it treats as impure has changed across releases;
+here the rule is explicit: random draws, writes (mutable schemas), placeholders
+and impure nodes always stay.
 """
 
 from __future__ import annotations

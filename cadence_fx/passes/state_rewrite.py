@@ -36,7 +36,7 @@ import torch.fx as fx
 
 from ..errors import PassError
 from . import aliasing
-from .base import CadencePass, PassResult, view_root
+from .base import CadencePass, PassResult, returns_written, view_root
 
 aten = torch.ops.aten
 
@@ -101,6 +101,14 @@ class StateRewrite(CadencePass):
                 if got != want:
                     raise PassError(f"state_rewrite: region {b.name!r} was traced with shape {got} but the "
                                     f"catalog entry's arena view is {want}; trace at the entry's shapes")
+        out = next(n for n in gm.graph.nodes if n.op == "output")
+        for name, value in zip(sig.regions, list(out.args[0])[len(sig.outputs):]):
+            b = self.bindings[name]
+            val = value.meta.get("val") if isinstance(value, fx.Node) else None
+            got = str(val.dtype).removeprefix("torch.") if val is not None else None
+            if got is not None and got != b.dtype:
+                raise PassError(f"state_rewrite: the step returns region {name!r} as {got} but it is declared "
+                                f"{b.dtype}; storing it would round it. Declare dtype={got!r} on the Region")
 
     # ---------------------------------------------------------------------- call
     def call(self, gm: fx.GraphModule) -> PassResult:
@@ -170,6 +178,8 @@ class StateRewrite(CadencePass):
 
     @staticmethod
     def _is_arena_view(value: fx.Node, arena: fx.Node, b: RegionBinding) -> bool:
+        while value.op == "call_function" and returns_written(value):  # copy_(view, x) is that view
+            value = value.args[0]
         if value is arena:
             return b.axis is None or b.extent_out == b.shape[b.axis]
         if value.op == "call_function" and value.target is aten.slice.Tensor and value.args[0] is arena:
@@ -200,12 +210,12 @@ def check_graph_hazards(gm: fx.GraphModule, bindings: Mapping[str, RegionBinding
     example = gm.meta.get("cadence_example_inputs")
     if example is None:
         return []
+    dev = gm.meta.get("cadence_device", torch.device("cpu"))
     regions = {}
     for name in gm.meta["cadence_arena_inputs"]:
         b = bindings[name]
-        regions[name] = torch.zeros(b.shape, dtype=getattr(torch, b.dtype), device=example[0].device)
+        regions[name] = torch.zeros(b.shape, dtype=getattr(torch, b.dtype), device=dev)
     args = list(example) + [regions[n] for n in gm.meta["cadence_arena_inputs"]]
-    dev = example[0].device
     # the check must not advance the caller's generators
     with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
         accesses = aliasing.record_accesses(gm, args, regions)

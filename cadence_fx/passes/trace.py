@@ -113,6 +113,7 @@ def trace_step(fn: Callable, signature: StepSignature, inputs: Mapping[str, torc
     gm.meta["cadence_signature"] = signature
     # small non-state inputs, kept so later passes can check themselves by running
     gm.meta["cadence_example_inputs"] = [inputs[n].clone() for n in signature.inputs]
+    gm.meta["cadence_device"] = args[0].device if args else torch.device("cpu")
     gm.graph.lint()
     gm.recompile()
     return gm

@@ -1,0 +1,179 @@
+"""The real Token2Wav tail (stepaudio2-minicpmo 0.1.1) at the released configuration.
+
+CPU: rule S against the stock streaming path, bit for bit, past warm-up, growth,
+trim and steady state.  CUDA (skipped without a GPU): the stock restatement against
+upstream's own ``Token2wav.stream``, and every replay rule.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import sys
+import types
+import weakref
+
+import numpy as np
+import pytest
+import torch
+
+import cadence_fx
+from cadence_fx import cli
+from cadence_fx.compiler import build_plan
+from cadence_fx.integrations import stepaudio2 as s2
+from cadence_fx.integrations.upstream import installed_version
+from cadence_fx.verify import compare_streams
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def test_upstream_is_the_pinned_version_imported_without_its_init():
+    assert installed_version(s2.UPSTREAM_DISTRIBUTION) == s2.UPSTREAM_VERSION
+    classes = s2.upstream_modules()
+    assert getattr(sys.modules["stepaudio2"], "__cadence_bare__", False), "package __init__ must not run"
+    assert "stepaudio2.token2wav" not in sys.modules  # the heavy front end stays unimported
+    assert classes["DiT"].__module__ == "stepaudio2.cosyvoice2.flow.decoder_dit"
+
+
+def test_explain_default_plan_is_demand_sized():
+    plan = build_plan(s2.explain_adapter(50, 5, False, "cpu"))
+    doc = plan.to_json()
+    widths = {r["name"]: r["catalog_width"] for r in doc["regions"]}
+    assert widths["estimator_att_cache"] == widths["conformer_att_cache"] == 3
+    assert len(doc["catalog"]) == 3
+    assert doc["arena_bytes"] <= 0.10 * doc["stock_state_bytes"]
+    # estimator K|V: 5 steps x 16 blocks x 2 (CFG) x 8 heads x (100 + 150) frames x 128 x 4 bytes
+    est = next(r for r in doc["regions"] if r["name"] == "estimator_att_cache")
+    assert est["bytes"] == 5 * 16 * 2 * 8 * 250 * 128 * 4
+    json.dumps(doc)
+
+
+def test_optimized_model_does_not_keep_the_stock_buffer_alive():
+    flow, hift = s2.build_modules(0)
+    tail = s2.Token2WavTail(flow, hift)
+    big = weakref.ref(flow.decoder.att_cache_buffer)
+    q_weight = flow.decoder.estimator.blocks[0].attn.to_q.weight
+    assert big().nbytes == 16 * 16 * 2 * 8 * 1000 * 128 * 4
+    opt = cadence_fx.optimize(tail)
+    del tail, flow
+    gc.collect()
+    assert big() is None, "the optimized model must share parameters, not the 2,000 MiB buffer"
+    assert opt.flow.decoder.att_cache_buffer.numel() == 0
+    assert opt.flow.decoder.estimator.blocks[0].attn.to_q.weight is q_weight  # shared, not copied
+
+
+def test_verify_cli_rule_s_default_configuration_is_exact(capsys):
+    code = cli.main(["verify", "--model", "token2wav", "--rules", "S", "--device", "cpu",
+                     "--chunks", "8", "--json", "--quiet"])
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == 0
+    assert report["exact"] is True and report["mismatches"] == []
+    assert report["chunks"] == 8 and report["fallbacks"] == 0
+    assert report["arena_bytes"] <= 0.10 * report["stock_state_bytes"]
+    routes = [c["route"] for c in report["per_chunk"]]
+    assert routes[:3] == ["graph entry 0", "graph entry 1", "graph entry 2"]
+    assert set(routes[3:]) == {"graph entry 2"}  # trim and steady state stay on the steady entry
+    assert report["pcm_sha256_stock"] == report["pcm_sha256_optimized"]
+
+
+def test_ten_steps_other_prompt_and_seed_with_a_flush_chunk_is_exact():
+    flow, hift = s2.build_modules(seed=3)
+    tail = s2.Token2WavTail(flow, hift, n_timesteps=10)
+    pt, pm, spk = s2.synthetic_prompt(7, seed=3)
+    opt = cadence_fx.optimize(tail)
+    opt.set_stream_cache(pt, pm, spk)
+    tail.set_stream_cache(pt, pm, spk)
+    chunks = s2.synthetic_chunks(6, seed=3, final_tokens=17)
+    torch.manual_seed(3)
+    report = compare_streams(tail, opt, chunks, torch.device("cpu"))
+    assert report["exact"], report["mismatches"]
+    stats = opt.stats()
+    assert stats["fallbacks"] == {"flags last_chunk outside the catalog (eager)": 1}
+    assert sum(stats["graph_runs"].values()) == 6
+    # the state after the flush is upstream's, trimmed to prompt + 100 frames
+    assert opt.state()["estimator_att_cache"].shape == (10, 16, 2, 8, 14 + 100, 128)
+    # a second stream of the same prompt length reuses the graphs and is exact again
+    opt.set_stream_cache(pt, pm, spk)
+    tail.set_stream_cache(pt, pm, spk)
+    again = compare_streams(tail, opt, chunks[:3], torch.device("cpu"))
+    assert again["exact"]
+    assert len(opt._executables) == 1
+
+
+def test_bad_input_is_rejected_and_loses_no_state():
+    flow, hift = s2.build_modules(0)
+    opt = cadence_fx.optimize(s2.Token2WavTail(flow, hift))
+    with pytest.raises(ValueError, match="stream_cache is not set"):
+        opt.stream([1] * 28)
+    pt, pm, spk = s2.synthetic_prompt(4)
+    with pytest.raises(cadence_fx.InputError, match="prompt_mels has 7 frames; 4 prompt tokens need exactly 8"):
+        opt.set_stream_cache(pt, pm[:, :7], spk)
+    with pytest.raises(cadence_fx.InputError, match="prompt_mels is on meta"):
+        opt.set_stream_cache(pt, pm.to("meta"), spk)
+    with pytest.raises(cadence_fx.InputError, match="NaN or inf"):
+        opt.set_stream_cache(pt, torch.full_like(pm, float("nan")), spk)
+    with pytest.raises(cadence_fx.InputError, match=r"ints in \[0, 6561\); got \[6561\]"):
+        s2.tokens_tensor([1, 2, 6561], "cpu")
+    with pytest.raises(cadence_fx.InputError, match="must be integers"):
+        s2.tokens_tensor(torch.ones(3), "cpu")
+    with pytest.raises(cadence_fx.RulesError, match="need a CUDA device"):
+        cadence_fx.optimize(s2.Token2WavTail(flow, hift), rules="SRc")
+    with pytest.raises(cadence_fx.RulesError, match="unknown rules"):
+        cadence_fx.optimize(s2.Token2WavTail(flow, hift), rules="X")
+
+
+# ----------------------------------------------------------------------- CUDA only
+def _upstream_token2wav_class():
+    """upstream ``Token2wav`` without its front-end packages (stream() does not use them)."""
+    for name in ("s3tokenizer", "hyperpyyaml"):
+        if name not in sys.modules:
+            stub = types.ModuleType(name)
+            stub.load_hyperpyyaml = None
+            sys.modules[name] = stub
+    s2.upstream_modules()
+    from stepaudio2.token2wav import Token2wav  # noqa: E402 - needs the stubs above
+    return Token2wav
+
+
+@cuda
+@pytest.mark.parametrize("n_timesteps", [5, 10])
+def test_stock_restatement_equals_upstream_token2wav_stream(n_timesteps):
+    from cadence_fx.verify import deterministic_protocol
+    deterministic_protocol()
+    Token2wav = _upstream_token2wav_class()
+    flow, hift = s2.build_modules(0)
+    flow, hift = flow.cuda(), hift.cuda()
+    ours = s2.Token2WavTail(flow, hift, n_timesteps=n_timesteps)
+    pt, pm, spk = s2.synthetic_prompt(50, device="cuda")
+    ours.set_stream_cache(pt, pm, spk)
+    up = Token2wav.__new__(Token2wav)  # attributes only: no checkpoint files needed
+    up.float16, up.n_timesteps, up.flow, up.hift = False, n_timesteps, flow, hift
+    up.mel_cache_len, up.source_cache_len = 8, 3840
+    up.speech_window = torch.from_numpy(np.hamming(2 * 3840)).cuda()
+    lens = torch.tensor([pt.shape[1]], device="cuda")
+    up.cache = (pt, lens, spk, pm, torch.tensor([pm.shape[1]], device="cuda"))
+    up.stream_cache = {k: v.clone() for k, v in ours.state().items() if not k.startswith("hift")}
+    up.hift_cache_dict = {"mel": torch.zeros(1, 80, 0, device="cuda"), "source": torch.zeros(1, 1, 0, device="cuda"),
+                          "speech": torch.zeros(1, 0, device="cuda")}
+    for tokens, last in s2.synthetic_chunks(14, final_tokens=10):
+        rng = torch.cuda.get_rng_state()
+        a = ours.stream(tokens, last_chunk=last, return_waveform=True)
+        torch.cuda.set_rng_state(rng)
+        b = up.stream(tokens, prompt_wav=None, last_chunk=last, return_waveform=True)
+        assert np.array_equal(a, b)
+        for k in ("conformer_att_cache", "estimator_att_cache", "conformer_cnn_cache", "estimator_cnn_cache"):
+            assert torch.equal(ours.state()[k], up.stream_cache[k]), k
+
+
+@cuda
+@pytest.mark.parametrize("rules,dtype,steps", [
+    ("S", "float32", 5), ("SR", "float32", 5), ("SRc", "float32", 5), ("SRc", "float32", 10),
+    ("SRc", "float16", 5), ("SRc", "float16", 10), ("SR", "float16", 10),
+])
+def test_replay_rules_are_exact_on_cuda(capsys, rules, dtype, steps):
+    code = cli.main(["verify", "--device", "cuda", "--rules", rules, "--dtype", dtype, "--n-timesteps", str(steps),
+                     "--chunks", "14", "--final-tokens", "10", "--json", "--quiet"])
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == 0 and report["exact"], report["mismatches"]
+    # only the flush chunk runs eagerly; every other chunk replays (or runs its graph, rule S)
+    assert report["fallback_reasons"] == {"flags last_chunk outside the catalog (eager)": 1}
