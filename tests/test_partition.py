@@ -28,15 +28,13 @@ from cadence_fx.errors import CadenceError, PassError, RulesError
 from cadence_fx.passes.fold_host_constants import FoldHostConstants
 from cadence_fx.passes.lower_cudagraph import LowerCudaGraph, LowerRecord
 from cadence_fx.passes.partition import NodeVerdict, Partition, PartitionRecord, capturability
-from cadence_fx.passes.prune_dead import PruneDead
-from cadence_fx.passes.state_rewrite import StateRewrite
 from cadence_fx.passes.trace import scope, trace_step
 from cadence_fx.runtime.arena import Arena
 from cadence_fx.runtime.binding import rebind_buffers
 from cadence_fx.runtime.graphs import ArgSpec, CapturedRegion, fresh_regions, has_kernels, region_stats, run_graph
 from cadence_fx.runtime.session import Session
 
-from toy_models import ToyAdapter, make_toy, toy_inputs, toy_prompt
+from toy_models import ToyAdapter, make_toy, toy_inputs
 
 aten = torch.ops.aten
 
@@ -110,12 +108,12 @@ class TestCapturability(TestCase):
         self.assertEqual(capturability(equal, "cpu"),
                          NodeVerdict("equal_default", False, "host sync: aten.equal.default"))
 
-    def test_nonzero_is_reported_as_a_host_sync_before_its_data_dependent_shape(self):
+    def test_nonzero_is_reported_by_its_data_dependent_shape(self):
         gm = trace(lambda x: torch.nonzero(x > 0), torch.randn(4))
         self.assertEqual(verdicts(gm, "cpu"), {
             "x_1": (True, "placeholder"),
             "gt": (True, "device op"),
-            "nonzero": (False, "host sync: aten.nonzero.default"),
+            "nonzero": (False, "data-dependent shape: aten.nonzero.default"),
             "output": (True, "output"),
         })
         repeats = lone_node(aten.repeat_interleave.Tensor, torch.tensor([1, 2]), out=torch.zeros(3, dtype=torch.long))
@@ -256,10 +254,10 @@ def forward(self, mul_1, nonzero):
     return (add_tensor, add_tensor_1)""")
         self.assertIs(result.record, partition.record)
         self.assertExpectedInline(str(result.record), """\
-3 regions (2 capturable, 1 eager); eager nodes: ['nonzero (host sync: aten.nonzero.default)']""")
+3 regions (2 capturable, 1 eager); eager nodes: ['nonzero (data-dependent shape: aten.nonzero.default)']""")
         self.assertEqual(result.record, PartitionRecord(
             regions=(("submod_0", True, 3), ("submod_1", False, 1), ("submod_2", True, 3)),
-            islands=(NodeVerdict("nonzero", False, "host sync: aten.nonzero.default"),)))
+            islands=(NodeVerdict("nonzero", False, "data-dependent shape: aten.nonzero.default"),)))
         self.assertEqual({n: m.meta["cadence_capturable"] for n, m in split.named_children()},
                          {"submod_0": True, "submod_1": False, "submod_2": True})
 
@@ -306,7 +304,7 @@ def forward(self, mul_1, nonzero):
 
         key = lambda node: node.meta.get("cadence_scope", ())  # noqa: E731
         chunk = Partition("cpu", "chunk", key)(copy.deepcopy(gm))
-        self.assertEqual(str(chunk.record), "1 regions (1 capturable, 0 eager); eager nodes: []")
+        self.assertEqual(str(chunk.record), "1 region (1 capturable, 0 eager); eager nodes: []")
         step = Partition("cpu", "step", key)(gm)
         self.assertEqual(str(step.record), "3 regions (3 capturable, 0 eager); eager nodes: []")
         self.assertExpectedInline(step.graph_module.submod_1.code.strip(), """\
@@ -359,7 +357,8 @@ class TestLowerCudaGraph(TestCase):
         result = LowerCudaGraph()(split)
 
         self.assertTrue(result.modified)
-        self.assertExpectedInline(str(result.record), """captured ['submod_0', 'submod_2']; eager islands ['submod_1']""")
+        self.assertExpectedInline(str(result.record),
+                                  """captured ['submod_0', 'submod_2']; eager islands ['submod_1']""")
         lowered = result.graph_module
         for name in ("submod_0", "submod_2"):
             region = lowered.get_submodule(name)
@@ -625,7 +624,7 @@ def forward(self, in_x, arena_kv, arena_conv):
 
     def test_src_is_one_region_per_entry(self):
         lowered, _, records, _ = self.lowered("SRc", 0)
-        self.assertEqual(records, ["1 regions (1 capturable, 0 eager); eager nodes: []",
+        self.assertEqual(records, ["1 region (1 capturable, 0 eager); eager nodes: []",
                                    "captured ['submod_0']; eager islands []"])
 
     def test_regions_run_eagerly_are_the_rules_s_graph(self):
@@ -649,3 +648,44 @@ def forward(self, in_x, arena_kv, arena_conv):
 
 if __name__ == "__main__":
     pytest.main([__file__, "-q"])
+
+
+class TestFailClosedRegressions(TestCase):
+    """Each of these once let a replay read stale values without a check."""
+
+    def test_tuples_never_cross_a_region_boundary(self):
+        def f(x):
+            vals, counts = torch.unique_consecutive(x, return_counts=True)
+            return vals * 2, counts + 1
+        gm = trace(f, torch.tensor([1.0, 1.0, 2.0, 3.0, 3.0]))
+        split = Partition("cpu", "chunk")(gm).graph_module
+        for call in (n for n in split.graph.nodes if n.op == "call_module"):
+            for a in call.args:
+                self.assertFalse(a.op == "call_module", f"{call.target} takes {a.target}'s whole tuple")
+
+    def test_a_captured_region_refuses_a_container_argument(self):
+        region = CapturedRegion(nn.Identity(), [False], name="r")
+        with self.assertRaisesRegex(CadenceError, "arg 0 is a tuple"):
+            region.capture([(torch.ones(2),)], pool=None, stream=None)
+
+    def test_a_per_call_host_scalar_is_not_capturable(self):
+        # x on the "device" (cpu here), a 0-dim scalar on another device ("meta" stands in
+        # for the host): computed per call it would be frozen into the graph at capture
+        gm = trace(lambda x, s: x / s, torch.randn(4), torch.tensor(2.0))
+        div = next(n for n in gm.graph.nodes if n.target is aten.div.Tensor)
+        scalar = div.args[1]
+        scalar.meta["val"] = torch.empty((), device="meta")
+        self.assertEqual(capturability(div, "cpu").reason, "reads a meta tensor: aten.div.Tensor")
+        # the same scalar as a constant of the graph is baked once, legitimately
+        with gm.graph.inserting_before(div):
+            const = gm.graph.get_attr("_c")
+        const.meta["val"] = scalar.meta["val"]
+        div.replace_input_with(scalar, const)
+        self.assertTrue(capturability(div, "cpu").capturable)
+
+    def test_a_baked_python_value_must_match_at_replay(self):
+        region = CapturedRegion(nn.Identity(), [False, False], name="r")
+        region.graph = object()
+        region.specs = (ArgSpec.of(torch.ones(2), False), ("value", 3))
+        self.assertIn("captured the value 3", region.check((torch.ones(2), 4)))
+        self.assertIsNone(region.check((torch.ones(2), 3)))

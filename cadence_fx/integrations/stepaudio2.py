@@ -503,8 +503,7 @@ class OptimizedToken2Wav:
         from ..runtime.arena import Arena
         from ..runtime.session import Session
         _check_prompt(prompt_tokens, prompt_mels, spk, self.device)
-        if self.session is not None:
-            self.session.close()
+        # the current stream stays usable until the new one is fully set up
         prompt_frames = int(prompt_mels.shape[1])
         exe = self.executable(prompt_frames, spk)
         adapter = self._adapter(prompt_frames, spk)
@@ -527,8 +526,10 @@ class OptimizedToken2Wav:
             axis = arena.layout.slot(r).axis
             if r in extents and axis is not None and extents[r] != spec.shape[axis]:
                 raise RuntimeError(f"setup left {r} at {extents[r]} frames; catalog entry 0 expects {spec.shape[axis]}")
-        self.spk, self.prompt_frames = spk, prompt_frames
         session.extents = dict(extents)
+        if self.session is not None:
+            self.session.close()
+        self.spk, self.prompt_frames = spk, prompt_frames
         self.session = session
 
     @torch.inference_mode()

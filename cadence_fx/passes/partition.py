@@ -68,10 +68,10 @@ def capturability(node: fx.Node, device_type: str = "cuda") -> NodeVerdict:
         return NodeVerdict(node.name, True, "dispatcher state (no kernel)")
     if not isinstance(t, torch._ops.OpOverload):
         return NodeVerdict(node.name, False, f"not an aten op: {t}")
-    if t in HOST_SYNC:
-        return NodeVerdict(node.name, False, f"host sync: {t}")
     if t in DATA_DEPENDENT:
         return NodeVerdict(node.name, False, f"data-dependent shape: {t}")
+    if t in HOST_SYNC:
+        return NodeVerdict(node.name, False, f"host sync: {t}")
     if t.namespace not in ALLOWED_NAMESPACES:
         return NodeVerdict(node.name, False, f"op outside the allow-list: {t}")
     vals = node.meta.get("val")
@@ -81,7 +81,10 @@ def capturability(node: fx.Node, device_type: str = "cuda") -> NodeVerdict:
             return NodeVerdict(node.name, False, f"runs on {v.device.type}: {t}")
     for a in node.all_input_nodes:
         v = a.meta.get("val")
-        if isinstance(v, torch.Tensor) and v.device.type != device_type and v.dim() > 0:
+        # A 0-dim host tensor is passed to a kernel by value: fine for a constant,
+        # but one computed per call would be frozen into the graph at capture.
+        if (isinstance(v, torch.Tensor) and v.device.type != device_type
+                and (v.dim() > 0 or a.op != "get_attr")):
             return NodeVerdict(node.name, False, f"reads a {v.device.type} tensor: {t}")
     return NodeVerdict(node.name, True, "device op")
 
@@ -93,7 +96,8 @@ class PartitionRecord:
 
     def __str__(self) -> str:
         cap = sum(1 for _, c, _ in self.regions if c)
-        return (f"{len(self.regions)} regions ({cap} capturable, {len(self.regions) - cap} eager); "
+        n = len(self.regions)
+        return (f"{n} region{'s' if n != 1 else ''} ({cap} capturable, {n - cap} eager); "
                 f"eager nodes: {[f'{v.node} ({v.reason})' for v in self.islands][:5]}")
 
 
@@ -118,6 +122,10 @@ class Partition(CadencePass):
                 continue
             if node.op == "get_attr":
                 # constants join the region of their first user (split_module copies them)
+                continue
+            if node.target is operator.getitem and node.args[0] in part:
+                # a tuple never crosses a region boundary: each item leaves with its producer
+                part[node] = part[node.args[0]]
                 continue
             key = (verdicts[node].capturable,
                    self.boundary(node) if self.granularity == "step" else None)
@@ -192,7 +200,9 @@ def _fetch(mod: torch.nn.Module, target: str):
 
 
 def _check_region_graph(split: fx.GraphModule) -> None:
-    """The region DAG (networkx) must be acyclic and run in graph order."""
+    """The region DAG (networkx) must be acyclic, and every region must run after the
+    regions it reads from (with ``keep_original_order`` in-place writes then happen in
+    eager order, which is what keeps arena reads and writes in sequence)."""
     g = nx.DiGraph()
     calls = [n for n in split.graph.nodes if n.op == "call_module"]
     order = {n: i for i, n in enumerate(calls)}

@@ -68,7 +68,7 @@ class CapturedRegion(torch.nn.Module):
         self.bound = tuple(bound)  # refined at capture: arena-aliasing args are bound by address
         self.name = name
         self.graph: torch.cuda.CUDAGraph | None = None
-        self.specs: tuple[ArgSpec | None, ...] = ()
+        self.specs: tuple[ArgSpec | tuple, ...] = ()
         self.static_in: list[torch.Tensor | None] = []
         self.static_out: Any = None
         self.replays = 0
@@ -86,7 +86,11 @@ class CapturedRegion(torch.nn.Module):
         if arena_ptr is not None:
             self.bound = tuple(b or (isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == arena_ptr)
                                for a, b in zip(args, self.bound))
-        self.specs = tuple(ArgSpec.of(a, b) if isinstance(a, torch.Tensor) else None
+        for i, a in enumerate(args):
+            if isinstance(a, (list, tuple, dict)):
+                # a container's tensors would be neither copied nor checked: refuse
+                raise CaptureFailed(f"{self.name}: arg {i} is a {type(a).__name__}; a captured region takes tensors")
+        self.specs = tuple(ArgSpec.of(a, b) if isinstance(a, torch.Tensor) else ("value", a)
                            for a, b in zip(args, self.bound))
         self.static_in = [None if (b or not isinstance(a, torch.Tensor)) else a.clone()
                           for a, b in zip(args, self.bound)]
@@ -105,7 +109,9 @@ class CapturedRegion(torch.nn.Module):
         if len(args) != len(self.specs):
             return f"{self.name}: {len(args)} args, captured {len(self.specs)}"
         for i, (a, spec) in enumerate(zip(args, self.specs)):
-            if spec is None:
+            if isinstance(spec, tuple):  # a python value baked into the graph at capture
+                if isinstance(a, torch.Tensor) or a != spec[1]:
+                    return f"{self.name}: arg {i} is {a!r}, captured the value {spec[1]!r}"
                 continue
             why = spec.mismatch(a, i)
             if why:

@@ -95,6 +95,7 @@ class Session:
         self._expect_device = arena.device
 
     # ------------------------------------------------------------------ public
+    @torch.no_grad()
     def prepare_replay(self, example_inputs: Mapping[str, torch.Tensor]) -> dict[int, dict[str, str]]:
         """Capture every entry's graphs on this session's arena (before its state is set up).
 
@@ -123,6 +124,7 @@ class Session:
         self.capture_failures = failed
         return failed
 
+    @torch.no_grad()  # streaming state never records autograd history; grad mode is restored after
     def step(self, inputs: Mapping[str, torch.Tensor], **flags: Any) -> dict[str, torch.Tensor]:
         if self.closed:
             raise SessionClosed("this session is closed; start a new one (set_stream_cache / new_session)")
