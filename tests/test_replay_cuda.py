@@ -22,7 +22,7 @@ from cadence_fx.runtime.graphs import CapturedRegion, region_stats
 from cadence_fx.verify import deterministic_protocol
 
 from test_partition import ScopedToyAdapter
-from toy_models import CHANNELS, FRAMES, ToyAdapter, make_toy, toy_inputs, toy_prompt
+from toy_models import CHANNELS, FRAMES, ToyAdapter, assert_stream_exact, make_toy, toy_inputs, toy_prompt
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="rules SR/SRc replay CUDA graphs: no CUDA")]
@@ -94,15 +94,8 @@ class CudaLockstep:
         assert torch.equal(stock_rng[0], opt_rng[0])
         return stock_out, opt_out
 
-    def assert_exact(self, stock_out: dict, opt_out: dict, where: str) -> None:
-        assert opt_out.keys() == stock_out.keys()
-        for name, t in stock_out.items():
-            assert torch.equal(opt_out[name], t), f"{where}: output {name!r} differs from stock"
-        opt_state = self.session.state()
-        assert opt_state.keys() == self.stock_state.keys()
-        for name, t in self.stock_state.items():
-            assert opt_state[name].shape == t.shape, f"{where}: state {name!r} {opt_state[name].shape} != {t.shape}"
-            assert torch.equal(opt_state[name], t), f"{where}: state {name!r} differs from stock"
+    def assert_exact(self, stock_out, opt_out, where: str) -> None:
+        assert_stream_exact(self.session.state(), self.stock_state, stock_out, opt_out, where)
 
     def regions(self) -> dict[int, list[CapturedRegion]]:
         """Per entry, this session's regions (``prepare_replay`` made them from the executable's)."""

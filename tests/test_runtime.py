@@ -20,7 +20,7 @@ from cadence_fx.runtime.binding import rebind_buffers
 from cadence_fx.runtime.session import AdmissionGate
 
 from toy_models import (BUFFER_FRAMES, BUFFER_PATH, CHANNELS, DEFAULT_RETAIN, FRAMES, KV_SHAPE, ToyAdapter,
-                        ToyStream, make_toy, toy_inputs, toy_prompt)
+                        ToyStream, assert_stream_exact, make_toy, toy_inputs, toy_prompt)
 
 #: (prompt frames P, retain R): prefix 0, 2, 7; K = ceil(R / 3) + 1 = 2, 3, 3, 2, 4
 CONFIGS = [(0, 3), (2, 4), (7, 6), (2, 1), (7, 7)]
@@ -62,14 +62,7 @@ class Lockstep:
         return stock_out, opt_out
 
     def assert_exact(self, stock_out, opt_out, where: str) -> None:
-        assert opt_out.keys() == stock_out.keys()
-        for name, t in stock_out.items():
-            assert torch.equal(opt_out[name], t), f"{where}: output {name!r} differs from stock"
-        opt_state = self.session.state()
-        assert opt_state.keys() == self.stock_state.keys()
-        for name, t in self.stock_state.items():
-            assert opt_state[name].shape == t.shape, f"{where}: state {name!r} {opt_state[name].shape} != {t.shape}"
-            assert torch.equal(opt_state[name], t), f"{where}: state {name!r} differs from stock"
+        assert_stream_exact(self.session.state(), self.stock_state, stock_out, opt_out, where)
 
 
 # ------------------------------------------------------------------------ Arena

@@ -257,3 +257,14 @@ class ToyAdapter(StreamingAdapter):
             extents[r] = extent
         session.extents = extents
         return session
+
+
+def assert_stream_exact(opt_state: dict, stock_state: dict, stock_out: dict, opt_out: dict, where: str) -> None:
+    """Every output and every carried state tensor bit-equal (``torch.equal``)."""
+    assert opt_out.keys() == stock_out.keys()
+    for name, t in stock_out.items():
+        assert torch.equal(opt_out[name], t), f"{where}: output {name!r} differs from stock"
+    assert opt_state.keys() == stock_state.keys()
+    for name, t in stock_state.items():
+        assert opt_state[name].shape == t.shape, f"{where}: state {name!r} {opt_state[name].shape} != {t.shape}"
+        assert torch.equal(opt_state[name], t), f"{where}: state {name!r} differs from stock"
