@@ -61,11 +61,34 @@ def cmd_explain(args) -> int:
     from .compiler import build_plan
     device = torch.device(args.device)
     plan = build_plan(s2.explain_adapter(args.prompt_tokens, args.n_timesteps, args.dtype == "float16", device))
+    doc = plan.to_json()
+    text = plan.explain()
+    if args.trace:
+        doc["partition"], lines = _partition_preview(args)
+        text += "\n\nPartition preview (rule S graphs, traced here; what rules SR/SRc would leave eager)\n" + lines
     if args.json:
-        print(json.dumps(plan.to_json()))
+        print(json.dumps(doc))
     else:
-        print(plan.explain())
+        print(text)
     return 0
+
+
+def _partition_preview(args) -> tuple[dict, str]:
+    import cadence_fx
+    from .compiler import preview_partition
+    args.seed, args.checkpoint = 0, None
+    tail, (pt, pm, spk) = _build(args)
+    opt = cadence_fx.optimize(tail, rules="S", progress=_progress(args.json))
+    exe = opt.executable(pm.shape[1], spk)
+    doc, lines = {}, []
+    for granularity in ("chunk", "step"):
+        boundary = None if granularity == "chunk" else opt._adapter(pm.shape[1], spk).step_boundary()
+        for idx, rec in preview_partition(exe, granularity, boundary).items():
+            doc.setdefault(str(idx), {})[granularity] = {
+                "regions": [{"name": n, "capturable": c, "nodes": k} for n, c, k in rec.regions],
+                "eager": [{"node": v.node, "reason": v.reason} for v in rec.islands]}
+            lines.append(f"  entry {idx} ({'SRc' if granularity == 'chunk' else 'SR'}): {rec}")
+    return doc, "\n".join(lines)
 
 
 def cmd_verify(args) -> int:
@@ -170,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("explain", help="print the plan: clocks, regions, catalog, arena, verdicts")
     _add_model_args(p, weights=False, rules=None)
+    p.add_argument("--trace", action="store_true",
+                   help="also build the model (seeded), trace every entry and preview the partition (minutes on CPU)")
     p.set_defaults(fn=cmd_explain)
     p = sub.add_parser("verify", help="stock vs optimized, every chunk, bit for bit")
     _add_model_args(p)

@@ -124,6 +124,22 @@ def compile_executable(adapter: StreamingAdapter, rules: str = "S",
     return Executable(plan, programs, sig.inputs, sig.outputs, carried, rules, notes)
 
 
+def preview_partition(executable: Executable, granularity: str = "chunk", boundary=None) -> dict[int, object]:
+    """What rules R would capture, per entry, from the rule-S graphs (no device needed).
+
+    Placement is not checked (the graphs may have been traced on the CPU): the
+    verdicts are the op-level ones (host syncs, data-dependent shapes, allow-list).
+    """
+    out = {}
+    for idx, program in sorted(executable.programs.items()):
+        if not isinstance(program.run, fx.GraphModule) or program.kind != "graph":
+            continue
+        part = Partition(None, granularity, boundary)
+        part(program.run)
+        out[idx] = part.record
+    return out
+
+
 def stderr_progress(prefix: str = "cadence-fx") -> Callable[[str], None]:
     def say(msg: str) -> None:
         print(f"[{prefix}] {msg}", file=sys.stderr, flush=True)

@@ -689,3 +689,18 @@ class TestFailClosedRegressions(TestCase):
         region.specs = (ArgSpec.of(torch.ones(2), False), ("value", 3))
         self.assertIn("captured the value 3", region.check((torch.ones(2), 4)))
         self.assertIsNone(region.check((torch.ones(2), 3)))
+
+
+class TestPreview(TestCase):
+    def test_preview_partition_of_the_rule_s_graphs(self):
+        from cadence_fx.compiler import preview_partition
+        adapter = ScopedToyAdapter(make_toy(), 2)
+        exe = compile_executable(adapter, "S")
+        chunk = preview_partition(exe, "chunk")
+        step = preview_partition(exe, "step", adapter.step_boundary())
+        self.assertEqual(sorted(chunk), sorted(exe.programs))
+        for idx in exe.programs:
+            self.assertEqual(str(chunk[idx]), "1 region (1 capturable, 0 eager); eager nodes: []")
+            self.assertGreater(len(step[idx].regions), 1)  # the attention call is cut out
+        # previewing does not touch the rule-S programs that run
+        self.assertTrue(all(p.kind == "graph" for p in exe.programs.values()))

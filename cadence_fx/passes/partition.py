@@ -57,8 +57,12 @@ class NodeVerdict:
     reason: str
 
 
-def capturability(node: fx.Node, device_type: str = "cuda") -> NodeVerdict:
-    """Whether one node may run inside a CUDA graph, and why not."""
+def capturability(node: fx.Node, device_type: str | None = "cuda") -> NodeVerdict:
+    """Whether one node may run inside a CUDA graph, and why not.
+
+    ``device_type=None`` skips the placement checks: a preview of a graph traced on
+    the CPU (``cadence-fx explain --trace``) for what would stay eager on any device.
+    """
     if node.op in ("placeholder", "output", "get_attr"):
         return NodeVerdict(node.name, True, node.op)
     t = node.target
@@ -74,6 +78,8 @@ def capturability(node: fx.Node, device_type: str = "cuda") -> NodeVerdict:
         return NodeVerdict(node.name, False, f"host sync: {t}")
     if t.namespace not in ALLOWED_NAMESPACES:
         return NodeVerdict(node.name, False, f"op outside the allow-list: {t}")
+    if device_type is None:
+        return NodeVerdict(node.name, True, "op (placement not checked)")
     vals = node.meta.get("val")
     vals = vals if isinstance(vals, (list, tuple)) else [vals]
     for v in vals:
@@ -104,7 +110,7 @@ class PartitionRecord:
 class Partition(CadencePass):
     name = "partition"
 
-    def __init__(self, device_type: str = "cuda", granularity: str = "chunk",
+    def __init__(self, device_type: str | None = "cuda", granularity: str = "chunk",
                  boundary: Callable[[fx.Node], object] | None = None):
         if granularity not in ("chunk", "step"):
             raise PassError(f"granularity must be 'chunk' or 'step', got {granularity!r}")
