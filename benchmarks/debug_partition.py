@@ -1,9 +1,8 @@
 """Print the partition of each catalog entry (what is captured, what stays eager and why)."""
 import sys
-import torch
 import cadence_fx
 from cadence_fx.integrations import stepaudio2 as s2
-from cadence_fx.compiler import build_plan, compile_executable
+
 
 rules = sys.argv[1] if len(sys.argv) > 1 else "SRc"
 flow, hift = s2.build_modules(0)

@@ -28,7 +28,6 @@ from .passes.prune_dead import PruneDead
 from .passes.state_rewrite import RegionBinding, StateRewrite
 from .passes.trace import trace_step
 from .plan import CatalogEntry, Plan, make_plan
-from .plan.catalog import resolve_regions
 from .runtime.arena import Arena
 from .runtime.session import EntryProgram, Executable
 

@@ -21,10 +21,9 @@ from typing import Any, Mapping
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from ..annotations import Clock, Fixed, Region, Window, native_clock
-from .upstream import import_submodule, installed_version
+from .upstream import import_submodule
 
 UPSTREAM_DISTRIBUTION = "stepaudio2-minicpmo"
 UPSTREAM_VERSION = "0.1.1"  # the version these declarations and tests were checked against
