@@ -139,11 +139,11 @@ def cmd_demo(args) -> int:
     import cadence_fx
     from .integrations import stepaudio2 as s2
     say = _progress(False)
-    if args.device == "cpu" or "R" not in args.rules:
-        if not torch.cuda.is_available():
-            say("no CUDA device here: running rule S (demand-sized state at stable addresses); "
-                "CUDA-graph replay (rules R/SRc) needs a GPU")
-        args.rules = "S" if torch.device(args.device).type == "cpu" else args.rules
+    if args.rules == "auto":
+        args.rules = "SRc" if torch.device(args.device).type == "cuda" else "S"
+    if torch.device(args.device).type == "cpu":
+        say("running rule S (demand-sized state at stable addresses) on the CPU; CUDA-graph replay "
+            "(rules SR/SRc) needs a GPU: --device cuda")
     tail, (pt, pm, spk) = _build(args)
     opt = cadence_fx.optimize(tail, rules=args.rules, progress=say)
     t0 = time.perf_counter()

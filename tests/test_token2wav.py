@@ -178,3 +178,13 @@ def test_replay_rules_are_exact_on_cuda(capsys, rules, dtype, steps):
     assert code == 0 and report["exact"], report["mismatches"]
     # only the flush chunk runs eagerly; every other chunk replays (or runs its graph, rule S)
     assert report["fallback_reasons"] == {"flags last_chunk outside the catalog (eager)": 1}
+
+
+def test_demo_writes_two_identical_wavs(tmp_path, capsys):
+    code = cli.main(["demo", "--chunks", "2", "--prompt-tokens", "5", "--out", str(tmp_path), "--json"])
+    out = capsys.readouterr()
+    report = json.loads(out.out.strip().splitlines()[-1])
+    assert code == 0 and report["exact"] is True and report["rules"] == "S"
+    wavs = {k: (tmp_path / f"token2wav-{k}.wav").read_bytes() for k in ("stock", "optimized")}
+    assert wavs["stock"] == wavs["optimized"] and len(wavs["stock"]) > 44 + 2 * 20160
+    assert "needs a GPU" in out.err
