@@ -28,10 +28,6 @@ class InputError(CadenceError, ValueError):
     """A live call's input is malformed (wrong dtype, device, rank, or values)."""
 
 
-class CatalogMiss(CadenceError, LookupError):
-    """A call's signature is outside the shape catalog and no fallback may serve it."""
-
-
 class SessionClosed(CadenceError, RuntimeError):
     """A session was used after close() (or after its last chunk)."""
 

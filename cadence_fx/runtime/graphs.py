@@ -7,10 +7,10 @@ step's inputs, values from an eager island) are copied into static buffers befor
 each replay.  Outputs are the graph's static tensors: valid until this session's
 next replay; the session clones what it hands to the caller.
 
-Fail closed: ``__call__`` compares every argument against what was captured
-(shape, stride, dtype, device; data pointer for bound ones) and raises
-``ReplayRefused`` with the reason on any mismatch; the session then runs the same
-piece eagerly and counts the reason.
+Fail closed: before every replay ``forward`` compares each argument with what was
+captured (shape, stride, dtype, device; the address of bound ones; the value of a
+python argument baked into the graph).  On any mismatch it runs the same piece
+eagerly instead and counts the reason in ``refusals``, which the session reports.
 
 Random draws: PyTorch registers the default CUDA generator with the graph, and
 each replay advances its Philox offset by what the captured kernels draw, from the
@@ -25,10 +25,6 @@ from typing import Any, Sequence
 import torch
 
 from ..errors import CadenceError
-
-
-class ReplayRefused(CadenceError, RuntimeError):
-    """A live call does not match what a region was captured for."""
 
 
 class CaptureFailed(CadenceError, RuntimeError):
