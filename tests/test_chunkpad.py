@@ -17,7 +17,7 @@ import torch
 from cadence_fx import ChunkPad
 from cadence_fx.compiler import build_plan, compile_executable
 
-from chunkpad_model import (CHUNK, LOOKAHEAD, PAD, SPT, WINDOW, ChunkPadAdapter, decode_step, make_decoder,
+from chunkpad_model import (CHUNK, PAD, SPT, WINDOW, ChunkPadAdapter, decode_step, make_decoder,
                             token_stream)
 from toy_models import assert_stream_exact
 
