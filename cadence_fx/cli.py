@@ -1,4 +1,4 @@
-"""``cadence-fx`` / ``python -m cadence_fx``: explain, verify, demo.
+"""``cadence-fx`` / ``python -m cadence_fx``: explain, verify, demo, bench.
 
 The models are built from the upstream PyPI packages at their released
 configuration with seeded random weights (``--checkpoint DIR`` loads real ones).
@@ -208,6 +208,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--final-tokens", type=int, default=0)
     p.add_argument("--out", default="cadence-fx-demo")
     p.set_defaults(fn=cmd_demo)
+    from .bench import add_bench_args, cmd_bench
+    p = sub.add_parser("bench", help="variants side by side, one process each, interleaved blocks "
+                                     "(CUDA parts not yet run on a GPU)")
+    add_bench_args(p)
+    p.set_defaults(fn=cmd_bench)
     args = parser.parse_args(argv)
     if getattr(args, "chunks", 1) < 1:
         parser.error("--chunks must be >= 1")
