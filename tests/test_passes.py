@@ -348,12 +348,7 @@ def forward(self, in_x, arena_kv, arena_c):
         self.assertEqual(result.record.in_place, ())
         self.assertEqual(result.record.written_back, ("kv", "c"))
 
-        y_ref, kv_ref, c_ref = run(original, inputs["x"], state["kv"], state["c"])
-        arena = arena_for(4, state)
-        (y,) = run(gm, inputs["x"], arena["kv"], arena["c"])
-        self.assertTrue(torch.equal(y, y_ref))
-        self.assertTrue(torch.equal(arena["kv"][:, :2], kv_ref))
-        self.assertTrue(torch.equal(arena["c"], c_ref))
+        self.assert_rewritten_matches(original, gm, inputs, state, capacity=4)
 
     def test_overlapping_write_back_reads_out_first(self):
         # A next state that is another window of the same arena slot (here: drop the
@@ -375,8 +370,12 @@ def forward(self, in_x, arena_kv, arena_c):
         self.assertEqual(clone.args[0].target, aten.slice.Tensor)
         self.assertEqual(clone.args[0].args[1:], (1, 1, 3))
 
+        self.assert_rewritten_matches(original, gm, inputs, state, capacity=5)
+
+    def assert_rewritten_matches(self, original, gm, inputs, state, capacity):
+        """The rewritten graph on an arena gives the original's output and next state (2 frames)."""
         y_ref, kv_ref, c_ref = run(original, inputs["x"], state["kv"], state["c"])
-        arena = arena_for(5, state)
+        arena = arena_for(capacity, state)
         (y,) = run(gm, inputs["x"], arena["kv"], arena["c"])
         self.assertTrue(torch.equal(y, y_ref))
         self.assertTrue(torch.equal(arena["kv"][:, :2], kv_ref))
