@@ -48,5 +48,5 @@ for (name, outs_r, ar_r), (_, outs_e, ar_e) in zip(log_r, log_e):
 print("final outputs equal:", [torch.equal(a, b) for a, b in zip(res_r, res_e)])
 for m in prog.run.children():
     if isinstance(m, CapturedRegion):
-        print(m.name, "args", len(m.bound), "bound", sum(m.bound), "trivial", getattr(m, "trivial", False),
+        print(m.name, "args", len(m.bound), "bound", sum(m.bound), "trivial", m.trivial,
               "static_in MiB", sum(t.nbytes for t in m.static_in if t is not None) / 2**20)

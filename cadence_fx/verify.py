@@ -70,6 +70,7 @@ def compare_streams(stock, optimized, chunks: list[tuple[list[int], bool]], devi
 
     With ``keep_pcm`` the report also holds ``"pcm": {"stock": bytes, "optimized": bytes}``.
     """
+    from .integrations.stepaudio2 import pcm_bytes  # upstream's PCM conversion, shared by both paths
     rows: list[ChunkReport] = []
     pcm_all: dict[str, list[bytes]] = {"stock": [], "optimized": []}
     pcm_stock, pcm_opt = hashlib.sha256(), hashlib.sha256()
@@ -89,7 +90,6 @@ def compare_streams(stock, optimized, chunks: list[tuple[list[int], bool]], devi
         t3 = time.perf_counter()
         after = optimized.stats()
         route = _route(runs_before, after, before)
-        from .integrations.stepaudio2 import pcm_bytes  # PCM conversion is upstream's, shared
         ps, po = pcm_bytes(wave_s), pcm_bytes(wave_o)
         pcm_stock.update(ps)
         pcm_opt.update(po)

@@ -69,6 +69,7 @@ class CapturedRegion(torch.nn.Module):
         self.static_out: Any = None
         self.replays = 0
         self.refusals: dict[str, int] = {}
+        self.trivial = False  # views only: nothing to capture, the piece runs as is
 
     def capture(self, args: Sequence[Any], pool, stream: torch.cuda.Stream, arena_ptr: int | None = None) -> None:
         """Capture on ``stream`` into ``pool``; the caller has warmed the piece up.
@@ -115,7 +116,7 @@ class CapturedRegion(torch.nn.Module):
         return None
 
     def forward(self, *args):
-        if getattr(self, "trivial", False):
+        if self.trivial:
             return self.piece(*args)
         why = self.check(args)
         if why is not None:
@@ -144,19 +145,15 @@ def capture_entry(parent: torch.fx.GraphModule, args: Sequence[Any], pool, arena
 
     def call_module(mod, args_):
         if isinstance(mod, CapturedRegion) and not has_kernels(mod.piece):
-            mod.graph = None  # views only: nothing to replay, run it as is
-            mod.refusals = {}
-            mod.trivial = True
+            mod.trivial = True  # an empty capture would be useless (and warns)
             return mod.piece(*args_)
         if isinstance(mod, CapturedRegion):
             out = mod.piece(*args_)  # warm-up: lazy inits (cuBLAS handles, workspaces) outside capture
             torch.cuda.synchronize()
             try:
                 mod.capture(args_, pool, stream, arena_ptr)
-            except CaptureFailed as e:
+            except CaptureFailed as e:  # mod.graph stays None: every call runs the piece, counted
                 failed[mod.name] = str(e)
-                mod.graph = None
-                mod.refusals = {}
                 _release_generator(pool, stream)
             torch.cuda.synchronize()
             return out

@@ -93,6 +93,9 @@ class Session:
         self._stats = SessionStats()
         self.closed = False
         self._expect_device = arena.device
+        # set by prepare_replay: this session's own captured programs (graphs bind its arena)
+        self._programs: dict[int, EntryProgram] | None = None
+        self.capture_failures: dict[int, dict[str, str]] = {}
 
     # ------------------------------------------------------------------ public
     @torch.no_grad()
@@ -107,16 +110,15 @@ class Session:
         failed: dict[int, dict[str, str]] = {}
         if not any(p.kind == "cudagraph" for p in self.executable.programs.values()):
             return failed
-        self._pool = torch.cuda.graph_pool_handle()
+        pool = torch.cuda.graph_pool_handle()  # one pool for all this session's graphs
         self._programs = {}
-        dev = self.arena.device
-        with torch.random.fork_rng(devices=[dev]):
+        with torch.random.fork_rng(devices=[self.arena.device]):
             for idx, program in sorted(self.executable.programs.items()):
                 parent = fresh_regions(program.run)
                 args = ([example_inputs[n] for n in self.executable.inputs]
                         + [self.arena.full(n) for n in program.arena_inputs])
                 try:
-                    failed[idx] = capture_entry(parent, args, self._pool, self.arena.storage.data_ptr())
+                    failed[idx] = capture_entry(parent, args, pool, self.arena.storage.data_ptr())
                 except torch.OutOfMemoryError as e:  # capture must never crash a stream
                     failed[idx] = {"*": f"out of memory while capturing: {e}"}
                 self._programs[idx] = dataclasses.replace(program, run=parent)
@@ -127,10 +129,9 @@ class Session:
     @torch.no_grad()  # streaming state never records autograd history; grad mode is restored after
     def step(self, inputs: Mapping[str, torch.Tensor], **flags: Any) -> dict[str, torch.Tensor]:
         if self.closed:
-            raise SessionClosed("this session is closed; start a new one (set_stream_cache / new_session)")
+            raise SessionClosed("this session is closed; open a new one (OptimizedToken2Wav: set_stream_cache)")
         self._validate(inputs)
         entry = self._entry()
-        reason = None
         if any(flags.values()):
             reason = "flags " + ",".join(k for k, v in flags.items() if v) + " outside the catalog (eager)"
         elif entry is None:
@@ -175,9 +176,8 @@ class Session:
 
     # ----------------------------------------------------------------- private
     def _program(self, index: int) -> EntryProgram:
-        programs = getattr(self, "_programs", None)
-        if programs is not None:
-            return programs[index]
+        if self._programs is not None:
+            return self._programs[index]
         program = self.executable.programs[index]
         if program.kind == "cudagraph":
             raise CadenceError("replay programs need prepare_replay() on the session first")
