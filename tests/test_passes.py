@@ -160,6 +160,34 @@ def forward(self, x_1):
         x = torch.randn(3)
         self.assertTrue(torch.equal(run(gm, x)[0], 2 * x))
 
+    def test_keeps_a_module_buffer_written_through_another_get_attr(self):
+        """make_fx emits one get_attr per access of a buffer: a write through one of
+        them makes every read of the buffer live (rules R trace over stock buffers)."""
+        class Cache(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.register_buffer("buf", torch.zeros(2, 3))
+
+            def forward(self, x):
+                self.buf[0] = x
+                return self.buf.sum(0)
+
+        gm = make_fx(Cache(), pre_dispatch=True)(torch.randn(3))
+        code = gm.code.strip()
+        self.assertExpectedInline(code, """\
+def forward(self, arg0_1):
+    _tensor_constant0 = self._tensor_constant0
+    select = torch.ops.aten.select.int(_tensor_constant0, 0, 0);  _tensor_constant0 = None
+    copy_ = torch.ops.aten.copy_.default(select, arg0_1);  select = arg0_1 = copy_ = None
+    _tensor_constant0_1 = self._tensor_constant0
+    sum_1 = torch.ops.aten.sum.dim_IntList(_tensor_constant0_1, [0]);  _tensor_constant0_1 = None
+    return sum_1""")
+        result = FoldHostConstants()(gm)
+        self.assertEqual(result.record, {"folded": 0})
+        self.assertEqual(gm.code.strip(), code)
+        x = torch.randn(3)
+        self.assertTrue(torch.equal(gm(x), x))
+
     def test_keeps_random_draws(self):
         def f(x):
             return x + torch.rand(3) * 2  # input-independent, but a draw per call

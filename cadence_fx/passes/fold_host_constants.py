@@ -5,7 +5,9 @@ call (``timestep_embedding``'s ``arange``, HiFT's harmonic table, the STFT windo
 ``linspace`` of the flow schedule).  A CUDA graph cannot capture a host-to-device
 copy, and the work is the same on every call.  A node folds when it is pure (no
 random draw, no write, not impure), depends on no placeholder, no parameter and no
-region-bound buffer, and nothing writes into it or into a view of it later.  It is
+region-bound buffer, and nothing writes into it or into a view of it later.  A
+module buffer the graph writes anywhere is never a constant, whichever ``get_attr``
+node reads it (make_fx emits one ``get_attr`` per access, all of one tensor).  It is
 evaluated here by the same op on the same device as eager, so the constant has the
 same bits eager computes each call.
 """
@@ -28,16 +30,22 @@ def _is_param_or_region(gm: fx.GraphModule, node: fx.Node) -> bool:
     return isinstance(value, torch.nn.Parameter) or str(node.target).startswith("_param_constant")
 
 
+def _storage(gm: fx.GraphModule, node: fx.Node) -> int | None:
+    value = getattr(gm, node.target)
+    return value.untyped_storage().data_ptr() if isinstance(value, torch.Tensor) else None
+
+
 class FoldHostConstants(CadencePass):
     name = "fold_host_constants"
 
     def call(self, gm: fx.GraphModule) -> PassResult:
         mutated_roots = {view_root(w) for n in gm.graph.nodes for w in written_args(n)}
+        written_storage = {_storage(gm, r) for r in mutated_roots if r.op == "get_attr"} - {None}
         foldable: dict[fx.Node, object] = {}
         env: dict[fx.Node, object] = {}
         for node in gm.graph.nodes:
             if node.op == "get_attr":
-                if not _is_param_or_region(gm, node) and view_root(node) not in mutated_roots:
+                if not _is_param_or_region(gm, node) and _storage(gm, node) not in written_storage:
                     env[node] = getattr(gm, node.target)
                 continue
             if node.op != "call_function" or has_side_effect(node):
