@@ -5,6 +5,11 @@ Input: a partitioned ``GraphModule`` (``Partition``) whose children carry
 ``runtime.graphs.CapturedRegion`` wrapping it; eager islands stay as they are.
 Capture itself happens per session (``runtime.graphs.capture_entry``), because a
 graph binds the session's arena by address.
+
+A piece that writes into one of its arguments must get that very memory at every
+replay: a static copy would take the write away from its owner (e.g. a state
+tensor under rules R, or a tensor an eager island made).  Such arguments are
+marked bound by address, so a replay on other memory is refused and runs eagerly.
 """
 
 from __future__ import annotations
@@ -14,7 +19,13 @@ import dataclasses
 import torch.fx as fx
 
 from ..runtime.graphs import CapturedRegion
-from .base import CadencePass, PassResult
+from .base import CadencePass, PassResult, view_root, written_args
+
+
+def written_placeholders(piece: fx.GraphModule) -> list[bool]:
+    """Per placeholder of ``piece``: does an op write into it (or into a view of it)?"""
+    written = {view_root(w) for n in piece.graph.nodes if n.op == "call_function" for w in written_args(n)}
+    return [n in written for n in piece.graph.nodes if n.op == "placeholder"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,8 +50,7 @@ class LowerCudaGraph(CadencePass):
         captured, eager = [], []
         for name, child in list(gm.named_children()):
             if getattr(child, "meta", {}).get("cadence_capturable"):
-                n_args = sum(1 for n in child.graph.nodes if n.op == "placeholder")
-                setattr(gm, name, CapturedRegion(child, [False] * n_args, name=name))
+                setattr(gm, name, CapturedRegion(child, written_placeholders(child), name=name))
                 captured.append(name)
             else:
                 eager.append(name)

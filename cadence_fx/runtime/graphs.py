@@ -1,7 +1,7 @@
 """CUDA-graph capture and replay of one capturable region (rule R).
 
 ``CapturedRegion`` wraps a ``GraphModule`` piece.  Its arguments are of two kinds:
-*bound* tensors (arena regions and other session-lived memory) are captured by
+*bound* tensors (arena regions, and arguments the piece writes into) are captured by
 address and must be the very same memory at every replay; *copied* tensors (the
 step's inputs, values from an eager island) are copied into static buffers before
 each replay.  Outputs are the graph's static tensors: valid until this session's
@@ -61,7 +61,7 @@ class CapturedRegion(torch.nn.Module):
     def __init__(self, piece: torch.nn.Module, bound: Sequence[bool], name: str = "region"):
         super().__init__()
         self.piece = piece
-        self.bound = tuple(bound)  # refined at capture: arena-aliasing args are bound by address
+        self.bound = tuple(bound)  # args written in place; capture adds those that alias the arena
         self.name = name
         self.graph: torch.cuda.CUDAGraph | None = None
         self.specs: tuple[ArgSpec | tuple, ...] = ()
@@ -194,7 +194,7 @@ def fresh_regions(parent: torch.fx.GraphModule) -> torch.fx.GraphModule:
     gm._modules = dict(parent._modules)
     for name, mod in parent._modules.items():
         if isinstance(mod, CapturedRegion):
-            gm._modules[name] = CapturedRegion(mod.piece, [False] * len(mod.bound), name=mod.name)
+            gm._modules[name] = CapturedRegion(mod.piece, mod.bound, name=mod.name)
     return gm
 
 
