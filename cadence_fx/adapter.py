@@ -54,6 +54,16 @@ class StreamingAdapter:
         """
         raise NotImplementedError
 
+    def stock_buffers(self) -> dict[str, torch.Tensor]:
+        """The model's own tensors for every declared buffer path (rules R/Rc, which keep
+        stock-managed state, trace and replay over them)."""
+        raise NotImplementedError
+
+    def setup(self, buffers: Mapping[str, torch.Tensor], *args: Any) -> dict[str, torch.Tensor]:
+        """The stream's initial state (e.g. from a prompt), on modules whose declared
+        buffers are ``buffers`` (arena views, or ``stock_buffers()``)."""
+        raise NotImplementedError
+
     def fallback(self, inputs: Mapping[str, torch.Tensor], state: Mapping[str, torch.Tensor],
                  **flags: Any) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """Run one step eagerly on any signature (private scratch buffers, sized per call)."""

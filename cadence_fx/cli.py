@@ -27,8 +27,9 @@ def _add_model_args(p: argparse.ArgumentParser, *, weights: bool = True, rules: 
         p.add_argument("--checkpoint", default=None, help="directory with upstream flow.pt and hift.pt")
     p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
     if rules is not None:
-        p.add_argument("--rules", default=rules, help="S (CPU or CUDA); SR (per DiT call) or SRc (per chunk) "
-                                                      "replay on CUDA" + ("; auto: SRc on CUDA, S on CPU"
+        p.add_argument("--rules", default=rules, help="S (CPU or CUDA); on CUDA, replay: SR (per DiT "
+                                                      "call) or SRc (per chunk) over the arena, R or Rc over "
+                                                      "stock-managed state" + ("; auto: SRc on CUDA, S on CPU"
                                                                           if rules == "auto" else ""))
 
 
@@ -112,14 +113,15 @@ def cmd_verify(args) -> int:
         "model": args.model, "rules": args.rules, "device": str(tail.device), "dtype": args.dtype,
         "n_timesteps": args.n_timesteps, "prompt_tokens": args.prompt_tokens, "seed": args.seed,
         "fallbacks": stats["fallback_total"], "fallback_reasons": stats["fallbacks"], "stats": stats,
-        "arena_bytes": opt.arena_bytes, "stock_state_bytes": opt.session.executable.plan.stock_state_bytes,
+        "arena_bytes": opt.arena_bytes, "state_bytes": opt.state_bytes, "stock_state_bytes": opt.session.executable.plan.stock_state_bytes,
         "compile_s": round(compile_s, 2), "torch": torch.__version__,
     })
     if not args.json:
         print(format_table(report))
         print(f"exact: {report['exact']}  chunks: {report['chunks']}  fallbacks: {report['fallbacks']} "
               f"{report['fallback_reasons'] or ''}")
-        print(f"arena: {report['arena_bytes'] / 2**20:.1f} MiB  stock state: "
+        print(f"state: {report['state_bytes'] / 2**20:.1f} MiB (arena {report['arena_bytes'] / 2**20:.1f} MiB)  "
+              f"stock state: "
               f"{report['stock_state_bytes'] / 2**20:.1f} MiB  compile: {compile_s:.1f} s")
     else:
         print(format_table(report), file=sys.stderr)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.fx as fx
@@ -29,7 +29,7 @@ from .passes.state_rewrite import RegionBinding, StateRewrite
 from .passes.trace import trace_step
 from .plan import CatalogEntry, Plan, make_plan
 from .runtime.arena import Arena
-from .runtime.session import EntryProgram, Executable
+from .runtime.session import EntryProgram, Executable, Session, StockStateSession
 
 RULES = ("S", "R", "SR", "Rc", "SRc")
 
@@ -41,9 +41,6 @@ def check_rules(rules: str, device: torch.device) -> str:
         if device.type != "cuda" or not torch.cuda.is_available():
             raise RulesError(f"rules {rules!r} replay CUDA graphs and need a CUDA device; this model is on "
                              f"{device} (CUDA available: {torch.cuda.is_available()}). Use rules='S' here.")
-        if "S" not in rules:
-            raise RulesError(f"rules {rules!r} (replay over stock-managed state) is not built yet; "
-                             f"use {'SR' if rules == 'R' else 'SRc'}")
     return rules
 
 
@@ -71,7 +68,14 @@ def region_bindings(plan: Plan, entry: CatalogEntry) -> list[RegionBinding]:
 
 def rewrite_pipeline(bindings: list[RegionBinding], rules: str = "S", device_type: str = "cpu",
                      boundary=None, debug: bool = False) -> PassManager:
-    passes = [PruneDead(), FoldHostConstants(), PruneDead(), StateRewrite(bindings)]
+    """The passes for ``rules``: S rewrites state into the arena, R partitions and lowers.
+
+    ``rules=""`` (no rule) keeps stock-managed state and eager kernels: the traced
+    graph over the model's own buffers, what rules R replay.
+    """
+    passes = [PruneDead(), FoldHostConstants(), PruneDead()]
+    if "S" in rules:
+        passes.append(StateRewrite(bindings))
     if "R" in rules:
         granularity = "chunk" if rules.endswith("c") else "step"
         passes += [Partition(device_type, granularity, boundary), LowerCudaGraph()]
@@ -91,15 +95,26 @@ def compile_executable(adapter: StreamingAdapter, rules: str = "S",
                        progress: Callable[[str], None] | None = None) -> Executable:
     device = torch.device(adapter.device)
     check_rules(rules, device)
+    return _compile(adapter, rules, progress)
+
+
+def _compile(adapter: StreamingAdapter, rules: str, progress: Callable[[str], None] | None = None) -> Executable:
+    """``compile_executable`` without the rules check (``rules=""``: stock-state graphs, for tests)."""
+    device = torch.device(adapter.device)
     plan = build_plan(adapter)
     say = progress or (lambda msg: None)
     sig = adapter.signature
-    # Trace on a scratch arena of the same layout: tracing runs the step for real,
-    # and must not touch any live session's state or the caller's generators.
-    scratch = Arena(plan.layout, device)
-    step = adapter.bind(buffer_bindings(adapter.declaration, scratch))
-    by_region = {r.name: scratch.full(r.name) for r in adapter.declaration.regions
-                 if r.buffers and r.name in scratch.regions}
+    if "S" in rules:
+        # Trace on a scratch arena of the same layout: tracing runs the step for real,
+        # and must not touch any live session's state or the caller's generators.
+        scratch = Arena(plan.layout, device)
+        step = adapter.bind(buffer_bindings(adapter.declaration, scratch))
+        by_region = {r.name: scratch.full(r.name) for r in adapter.declaration.regions
+                     if r.buffers and r.name in scratch.regions}
+    else:
+        # Stock-managed state: the graphs write the model's own buffers, as stock does.
+        scratch, by_region = None, {}
+        step = adapter.bind(adapter.stock_buffers())
     programs, notes = {}, {"trace_s": {}, "rewrite": {}}
     carried = tuple(r for r in sig.regions)
     devices = [device] if device.type == "cuda" else []
@@ -118,9 +133,31 @@ def compile_executable(adapter: StreamingAdapter, rules: str = "S",
                                                    for p, r in zip(pipeline.passes, results))
         nxt = {b.name: b.extent_out for b in bindings if b.carried}
         kind = "cudagraph" if "R" in rules else "graph"
-        programs[entry.index] = EntryProgram(entry, gm, tuple(gm.meta["cadence_arena_inputs"]), nxt, kind)
+        programs[entry.index] = EntryProgram(entry, gm, tuple(gm.meta.get("cadence_arena_inputs", ())), nxt, kind)
     del scratch, step
     return Executable(plan, programs, sig.inputs, sig.outputs, carried, rules, notes)
+
+
+def open_session(executable: Executable, adapter: StreamingAdapter, *setup_args: Any) -> Session:
+    """A new stream of ``executable``: its own state, its own graphs, then the model's setup.
+
+    Rules with S: a fresh arena; graphs are captured on it (rules SR/SRc), then
+    ``adapter.setup`` runs on modules whose region-bound buffers are arena views and
+    its state is loaded into the arena.  Rules R/Rc: a ``StockStateSession``; setup
+    runs on the model's own buffers and the session keeps a copy of its state.
+    """
+    device = torch.device(adapter.device)
+    if executable.stable_state:
+        arena = Arena(executable.plan.layout, device)
+        session = Session(executable, arena, adapter.fallback, {})
+        buffers = buffer_bindings(adapter.declaration, arena)
+    else:
+        session = StockStateSession(executable, adapter.fallback, device)
+        buffers = adapter.stock_buffers()
+    session.prepare_replay(adapter.example_inputs())  # rules R: capture on this session's memory
+    with torch.no_grad():
+        session.load_state(adapter.setup(buffers, *setup_args))
+    return session
 
 
 def preview_partition(executable: Executable, granularity: str = "chunk", boundary=None) -> dict[int, object]:

@@ -371,6 +371,22 @@ class TestLowerCudaGraph(TestCase):
         self.assertIs(lowered.submod_1, pieces["submod_1"])  # the eager island stays as it is
         self.assertNotIsInstance(lowered.submod_1, CapturedRegion)
 
+    def test_an_argument_written_in_place_is_bound_by_address(self):
+        """A static copy would take the write away from the tensor's owner."""
+        def f(x, s):
+            s.mul_(2)
+            return x + s
+
+        with torch.no_grad():
+            gm = make_fx(f, pre_dispatch=True)(torch.randn(3), torch.randn(3))
+        lowered = LowerCudaGraph()(Partition("cpu")(gm).graph_module).graph_module
+        (region,) = [m for m in lowered.children() if isinstance(m, CapturedRegion)]
+        names = [n.name for n in region.piece.graph.nodes if n.op == "placeholder"]
+        self.assertEqual(dict(zip(names, region.bound)), {"x_1": False, "s_1": True})
+        # and a session's fresh copy of the region keeps it
+        (fresh,) = [m for m in fresh_regions(lowered).children() if isinstance(m, CapturedRegion)]
+        self.assertEqual(fresh.bound, region.bound)
+
     def test_uncaptured_regions_run_their_pieces_eagerly_and_count_it(self):
         model, gm = gate_graph()
         expected = run(gm, GATE_X)
@@ -569,16 +585,19 @@ class TestPipeline(TestCase):
         with self.assertRaisesRegex(RulesError, r"rules 'SRc' replay CUDA graphs"):
             compile_executable(ToyAdapter(make_toy(), 2), "SRc")
 
-    def test_check_rules_r_without_s_is_not_built(self):
+    def test_check_rules_on_cuda(self):
         with pytest.MonkeyPatch.context() as mp:  # past the CUDA check, on a machine without CUDA
             mp.setattr(torch.cuda, "is_available", lambda: True)
             cuda = torch.device("cuda")
-            self.assertEqual(check_rules("SR", cuda), "SR")
-            with self.assertRaisesRegex(RulesError, r"rules 'R' \(replay over stock-managed state\) is not built "
-                                                    r"yet; use SR$"):
-                check_rules("R", cuda)
-            with self.assertRaisesRegex(RulesError, r"rules 'Rc' .* is not built yet; use SRc$"):
-                check_rules("Rc", cuda)
+            for rules in ("S", "R", "SR", "Rc", "SRc"):
+                self.assertEqual(check_rules(rules, cuda), rules)
+
+    def test_rules_without_s_keep_stock_state(self):
+        _, bindings, _ = toy_entry_graph(ToyAdapter(make_toy(), 2), 0)
+        names = lambda pm: [type(p).__name__ for p in pm.passes]  # noqa: E731
+        self.assertEqual(names(rewrite_pipeline(bindings, "")), ["PruneDead", "FoldHostConstants", "PruneDead"])
+        self.assertEqual(names(rewrite_pipeline(bindings, "Rc", "cuda")),
+                         ["PruneDead", "FoldHostConstants", "PruneDead", "Partition", "LowerCudaGraph"])
 
     def test_replay_programs_need_prepare_replay(self):
         adapter = ToyAdapter(make_toy(), 2)

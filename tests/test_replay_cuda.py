@@ -10,6 +10,8 @@ protocol (``cadence_fx.verify.deterministic_protocol``) is on for the whole modu
 
 SRc captures one graph per catalog entry; SR (``ScopedToyAdapter``: the attention
 call in ``scope("attn")``) captures three, before, inside and after the attention.
+R and Rc cut the same way over stock-managed state (``StockStateSession``: the
+state is copied into the graphs' static inputs and out of their outputs).
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ pytestmark = [pytest.mark.cuda,
 DEVICE = torch.device("cuda", 0)
 PROMPT, RETAIN = 2, 4  # catalog: kv extents 2, 5, 6 (entries 0, 1, 2 = "k+")
 N_STEPS = 12
-GRAPHS_PER_ENTRY = {"SRc": 1, "SR": 3}
+GRAPHS_PER_ENTRY = {"SRc": 1, "SR": 3, "Rc": 1, "R": 3}
+ALL_RULES = ["SRc", "SR", "Rc", "R"]
 
 _executables: dict = {}
 
@@ -48,7 +51,7 @@ def toy(rules: str):
     """(adapter, executable) for the toy on DEVICE, compiled once per rules for the module."""
     if rules not in _executables:
         model = make_toy(RETAIN).to(DEVICE)
-        adapter = (ScopedToyAdapter if rules == "SR" else ToyAdapter)(model, PROMPT)
+        adapter = (ScopedToyAdapter if rules in ("SR", "R") else ToyAdapter)(model, PROMPT)
         _executables[rules] = (adapter, compile_executable(adapter, rules))
     return _executables[rules]
 
@@ -103,7 +106,7 @@ class CudaLockstep:
                 for i, p in sorted(self.session._programs.items())}
 
 
-@pytest.mark.parametrize("rules", ["SRc", "SR"])
+@pytest.mark.parametrize("rules", ALL_RULES)
 def test_replay_is_bit_exact_and_counted(rules):
     run = CudaLockstep(rules)
     k = len(run.exe.plan.catalog)
@@ -132,7 +135,7 @@ def test_replay_is_bit_exact_and_counted(rules):
         assert {r.replays for r in rs} == {stats["replays"][str(i)]} and all(not r.refusals for r in rs)
 
 
-@pytest.mark.parametrize("rules", ["SRc", "SR"])
+@pytest.mark.parametrize("rules", ALL_RULES)
 def test_flagged_step_falls_back_and_is_counted(rules):
     run = CudaLockstep(rules)
     for i, x in enumerate(toy_inputs(N_STEPS, seed=5)):
@@ -146,7 +149,7 @@ def test_flagged_step_falls_back_and_is_counted(rules):
     assert stats["graph_runs"] == {}
 
 
-@pytest.mark.parametrize("rules", ["SRc", "SR"])
+@pytest.mark.parametrize("rules", ALL_RULES)
 def test_non_contiguous_input_is_refused_by_the_gate(rules):
     run = CudaLockstep(rules)
     strided = {"x": torch.randn(1, FRAMES, CHANNELS, generator=torch.Generator().manual_seed(8))

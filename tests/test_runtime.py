@@ -12,12 +12,12 @@ import math
 import pytest
 import torch
 
-from cadence_fx.compiler import build_plan, buffer_bindings, compile_executable
+from cadence_fx.compiler import _compile, build_plan, buffer_bindings, compile_executable
 from cadence_fx.errors import CadenceError, InputError, PassError, SessionClosed
 from cadence_fx.plan import TensorSpec
 from cadence_fx.runtime.arena import Arena, ArenaMoved
 from cadence_fx.runtime.binding import rebind_buffers
-from cadence_fx.runtime.session import AdmissionGate
+from cadence_fx.runtime.session import AdmissionGate, StockStateSession
 
 from toy_models import (BUFFER_FRAMES, BUFFER_PATH, CHANNELS, DEFAULT_RETAIN, FRAMES, KV_SHAPE, ToyAdapter,
                         ToyStream, assert_stream_exact, make_toy, toy_inputs, toy_prompt)
@@ -29,21 +29,25 @@ N_STEPS = 12
 _executables: dict = {}
 
 
-def toy(prompt_frames: int, retain: int, write: str = "blocks"):
-    """(model, adapter, executable), compiled once per configuration for the whole module."""
-    key = (prompt_frames, retain, write)
+def toy(prompt_frames: int, retain: int, write: str = "blocks", rules: str = "S"):
+    """(model, adapter, executable), compiled once per configuration for the whole module.
+
+    ``rules=""``: the traced graphs over stock-managed state (what rules R replay),
+    run by a ``StockStateSession``.
+    """
+    key = (prompt_frames, retain, write, rules)
     if key not in _executables:
         model = make_toy(retain, write=write)
         adapter = ToyAdapter(model, prompt_frames)
-        _executables[key] = (model, adapter, compile_executable(adapter, "S"))
+        _executables[key] = (model, adapter, _compile(adapter, rules))
     return _executables[key]
 
 
 class Lockstep:
     """The stock model and a Session fed the same inputs from the same generator state."""
 
-    def __init__(self, prompt_frames: int, retain: int, write: str = "blocks"):
-        _, self.adapter, self.exe = toy(prompt_frames, retain, write)
+    def __init__(self, prompt_frames: int, retain: int, write: str = "blocks", rules: str = "S"):
+        _, self.adapter, self.exe = toy(prompt_frames, retain, write, rules)
         # the stock step keeps its state in its own buffer: one stock model per stream
         self.model = make_toy(retain, write=write)
         self.prompt_frames = prompt_frames
@@ -183,7 +187,37 @@ def test_toy_plan(prompt_frames, retain):
 # --------------------------------------------------------- the toy, end to end
 @pytest.mark.parametrize("prompt_frames, retain", CONFIGS)
 def test_toy_session_is_bit_exact(prompt_frames, retain):
-    run = Lockstep(prompt_frames, retain)
+    _assert_stream_through_every_phase(Lockstep(prompt_frames, retain), prompt_frames, retain)
+
+
+@pytest.mark.parametrize("prompt_frames,retain", [(2, 4), (7, 6)])
+def test_stock_state_session_is_bit_exact(prompt_frames, retain):
+    """Rules R/Rc without the capture: the graphs over stock-managed state, state passed
+    in and copied out every step (the model's own buffer is the graphs' scratch)."""
+    run = Lockstep(prompt_frames, retain, rules="")
+    assert isinstance(run.session, StockStateSession) and run.session.arena is None
+    assert all(p.arena_inputs == () for p in run.exe.programs.values())
+    _assert_stream_through_every_phase(run, prompt_frames, retain)
+    # the session owns contiguous copies, never views of the model's buffer
+    kv = run.session.state()["kv"]
+    buf = run.adapter.model.attn.kv_buffer
+    assert kv.is_contiguous() and kv.untyped_storage().data_ptr() != buf.untyped_storage().data_ptr()
+    assert run.session.state_bytes == sum(t.nbytes for t in run.session.state().values())
+
+
+def test_stock_state_session_falls_back_exactly_and_counts():
+    run = Lockstep(2, 6, rules="")
+    short = toy_inputs(1, seed=7, frames=2)[0]
+    for i, x in enumerate(toy_inputs(N_STEPS, seed=5)):
+        flags = {"last": True} if i == 6 else {}
+        stock_out, opt_out = run.step(short if i == 4 else x, **flags)
+        run.assert_exact(stock_out, opt_out, f"step {i} {flags}")
+    fallbacks = run.session.stats()["fallbacks"]
+    assert fallbacks["flags last outside the catalog (eager)"] == 1
+    assert fallbacks["input 'x' shape (1, 4, 2) != catalog (1, 4, 3)"] == 1
+
+
+def _assert_stream_through_every_phase(run: "Lockstep", prompt_frames: int, retain: int) -> None:
     run.assert_exact({}, {}, "after setup")
     k = len(run.exe.plan.catalog)
     lengths = []

@@ -32,10 +32,9 @@ from torch import nn
 
 from cadence_fx import Clock, Fixed, Region, Window, get_declaration, native_clock
 from cadence_fx.adapter import StreamingAdapter
-from cadence_fx.compiler import buffer_bindings
+from cadence_fx.compiler import open_session
 from cadence_fx.passes.trace import StepSignature
 from cadence_fx.plan import ScopeVerdict, TensorSpec
-from cadence_fx.runtime.arena import Arena
 from cadence_fx.runtime.binding import rebind_buffers
 from cadence_fx.runtime.session import Executable, Session
 
@@ -234,29 +233,14 @@ class ToyAdapter(StreamingAdapter):
         trimmed = KV_SHAPE[0] * KV_SHAPE[1] * (self.prompt_frames + self.model.retain)
         return self.model.attn.kv_buffer.nbytes + (CHANNELS * CONV_CARRY + trimmed) * item
 
+    def stock_buffers(self) -> dict[str, torch.Tensor]:
+        return {BUFFER_PATH: self.model.attn.kv_buffer}
+
     def open_session(self, executable: Executable, prompt: torch.Tensor) -> Session:
-        """A session on a fresh arena, set up from ``prompt`` [1, 4, P] as
-        ``OptimizedToken2Wav.set_stream_cache`` does."""
+        """A session set up from ``prompt`` [1, 4, P], as ``OptimizedToken2Wav.set_stream_cache`` does."""
         if prompt.shape[2] != self.prompt_frames:
             raise ValueError(f"prompt has {prompt.shape[2]} frames; this adapter plans for {self.prompt_frames}")
-        arena = Arena(executable.plan.layout, self.device)
-        session = Session(executable, arena, self.fallback, {})
-        session.prepare_replay(self.example_inputs())  # rules R: capture on this arena (no-op for S)
-        with torch.no_grad():
-            state = self.setup(buffer_bindings(self.declaration, arena), prompt)
-        extents = {}
-        for r in executable.carried:
-            axis = arena.layout.slot(r).axis
-            extent = None if axis is None else state[r].shape[axis]
-            view = arena.view(r, extent)
-            if view.shape != state[r].shape:
-                raise RuntimeError(f"setup produced {r} of shape {tuple(state[r].shape)}; "
-                                   f"the arena holds {tuple(view.shape)}")
-            if view.data_ptr() != state[r].data_ptr():  # else setup already wrote it in place
-                view.copy_(state[r])
-            extents[r] = extent
-        session.extents = extents
-        return session
+        return open_session(executable, self, prompt)
 
 
 def assert_stream_exact(opt_state: dict, stock_state: dict, stock_out: dict, opt_out: dict, where: str) -> None:

@@ -373,6 +373,9 @@ class Token2WavAdapter(StreamingAdapter):
             return stream_step(flow, self.hift, self.window, self.cfg, inputs, state, last_chunk)
         return step
 
+    def stock_buffers(self) -> dict[str, torch.Tensor]:
+        return {p: _buffer(self.flow, p.removeprefix("flow.")) for p in STOCK_BUFFERS}
+
     def setup(self, buffers: Mapping[str, torch.Tensor], prompt_tokens, prompt_mels, spk) -> dict[str, torch.Tensor]:
         flow = rebind_buffers(self.flow, _flow_buffers(buffers))
         return setup_step(flow, self.cfg, prompt_tokens, prompt_mels, spk)
@@ -453,11 +456,13 @@ def _buffer(root: torch.nn.Module, path: str) -> torch.Tensor:
 class OptimizedToken2Wav:
     """Drop-in for ``Token2WavTail`` built by ``cadence_fx.optimize``.
 
-    Shares the stock tail's parameters and ``rand_noise``, but not its state buffers:
-    it keeps a module shell whose four over-provisioned buffers are empty, and each
-    stream's state lives in one arena sized from the plan.  Graphs are built on the
-    first ``set_stream_cache`` for a prompt length and reused for later streams of
-    that length.
+    Shares the stock tail's parameters and ``rand_noise``.  With rule S it does not
+    share its state buffers: it keeps a module shell whose four over-provisioned
+    buffers are empty, and each stream's state lives in one arena sized from the
+    plan.  Rules R/Rc (replay over stock-managed state) keep private stock-sized
+    buffers instead, as a second stock model would.  Graphs are built on the first
+    ``set_stream_cache`` for a prompt length and reused for later streams of that
+    length.
     """
 
     def __init__(self, tail: Token2WavTail, rules: str = "S", progress=None):
@@ -466,8 +471,11 @@ class OptimizedToken2Wav:
         self.n_timesteps, self.float16 = tail.n_timesteps, tail.float16
         flow_paths = [p.removeprefix("flow.") for p in STOCK_BUFFERS]
         self._stock_buffer_bytes = sum(_buffer(tail.flow, p).nbytes for p in flow_paths)
-        empty = {p: torch.empty(0, device=tail.device) for p in flow_paths}
-        self.flow = rebind_buffers(tail.flow, empty)  # the shell: no stock state buffers
+        if "S" in rules:
+            own = {p: torch.empty(0, device=tail.device) for p in flow_paths}  # the shell: no stock buffers
+        else:
+            own = {p: torch.zeros_like(_buffer(tail.flow, p)) for p in flow_paths}
+        self.flow = rebind_buffers(tail.flow, own)
         self.hift = tail.hift
         self.speech_window = tail.speech_window
         self.progress = progress
@@ -498,34 +506,12 @@ class OptimizedToken2Wav:
 
     @torch.inference_mode()
     def set_stream_cache(self, prompt_tokens: torch.Tensor, prompt_mels: torch.Tensor, spk: torch.Tensor) -> None:
-        from ..compiler import buffer_bindings
-        from ..runtime.arena import Arena
-        from ..runtime.session import Session
+        from ..compiler import open_session
         _check_prompt(prompt_tokens, prompt_mels, spk, self.device)
         # the current stream stays usable until the new one is fully set up
         prompt_frames = int(prompt_mels.shape[1])
         exe = self.executable(prompt_frames, spk)
-        adapter = self._adapter(prompt_frames, spk)
-        arena = Arena(exe.plan.layout, self.device)
-        session = Session(exe, arena, adapter.fallback, {})
-        session.prepare_replay(adapter.example_inputs())  # rules R: capture on this arena, then zero it
-        state = adapter.setup(buffer_bindings(adapter.declaration, arena), prompt_tokens, prompt_mels, spk)
-        entry0 = exe.plan.catalog[0]
-        extents = {}
-        for r in CARRIED:
-            axis = arena.layout.slot(r).axis
-            extent = None if axis is None else state[r].shape[axis]
-            view = arena.view(r, extent)
-            if view.shape != state[r].shape:
-                raise RuntimeError(f"setup produced {r} of shape {tuple(state[r].shape)}; the arena holds {tuple(view.shape)}")
-            if view.data_ptr() != state[r].data_ptr():  # setup already wrote buffer-backed state in place
-                view.copy_(state[r])
-            extents[r] = extent
-        for r, spec in entry0.regions.items():
-            axis = arena.layout.slot(r).axis
-            if r in extents and axis is not None and extents[r] != spec.shape[axis]:
-                raise RuntimeError(f"setup left {r} at {extents[r]} frames; catalog entry 0 expects {spec.shape[axis]}")
-        session.extents = dict(extents)
+        session = open_session(exe, self._adapter(prompt_frames, spk), prompt_tokens, prompt_mels, spk)
         if self.session is not None:
             self.session.close()
         self.spk, self.prompt_frames = spk, prompt_frames
@@ -549,7 +535,15 @@ class OptimizedToken2Wav:
 
     @property
     def arena_bytes(self) -> int:
-        return self.session.arena.nbytes if self.session is not None else 0
+        """Bytes of the current stream's arena (0 under rules R/Rc, which keep no arena)."""
+        return self.session.arena.nbytes if self.session is not None and self.session.arena is not None else 0
+
+    @property
+    def state_bytes(self) -> int:
+        """Device memory held for stream state: the arena (rule S), or the private
+        stock-sized buffers plus the session's state copies (rules R/Rc)."""
+        held = self.session.state_bytes if self.session is not None else 0
+        return held if "S" in self.rules else held + self._stock_buffer_bytes
 
     def close(self) -> None:
         if self.session is not None:

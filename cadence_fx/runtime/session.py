@@ -38,6 +38,28 @@ class Executable:
     rules: str
     notes: dict[str, Any] = dataclasses.field(default_factory=dict)  # timings, pass records
 
+    @property
+    def stable_state(self) -> bool:
+        """Rule S: state in an arena at stable addresses; else stock-managed state."""
+        return "S" in self.rules
+
+
+def input_mismatch(entry: CatalogEntry, inputs: Mapping[str, torch.Tensor]) -> str | None:
+    """``None`` if every input has the entry's exact signature, else the first difference."""
+    for name, spec in entry.inputs.items():
+        t = inputs.get(name)
+        if t is None:
+            return f"input {name!r} missing"
+        if tuple(t.shape) != tuple(spec.shape):
+            return f"input {name!r} shape {tuple(t.shape)} != catalog {tuple(spec.shape)}"
+        if str(t.dtype).removeprefix("torch.") != spec.dtype:
+            return f"input {name!r} dtype {t.dtype} != catalog {spec.dtype}"
+        if tuple(t.stride()) != tuple(spec.stride):
+            return f"input {name!r} stride {tuple(t.stride())} != catalog {tuple(spec.stride)}"
+        if t.device != torch.device(spec.device):
+            return f"input {name!r} device {t.device} != catalog {spec.device}"
+    return None
+
 
 class AdmissionGate:
     """Fail closed: a program runs only on the exact signature it was built for."""
@@ -48,18 +70,9 @@ class AdmissionGate:
     def check(self, entry: CatalogEntry, inputs: Mapping[str, torch.Tensor],
               extents: Mapping[str, int | None]) -> str | None:
         """``None`` to admit, else the reason (one line) to run eagerly."""
-        for name, spec in entry.inputs.items():
-            t = inputs.get(name)
-            if t is None:
-                return f"input {name!r} missing"
-            if tuple(t.shape) != tuple(spec.shape):
-                return f"input {name!r} shape {tuple(t.shape)} != catalog {tuple(spec.shape)}"
-            if str(t.dtype).removeprefix("torch.") != spec.dtype:
-                return f"input {name!r} dtype {t.dtype} != catalog {spec.dtype}"
-            if tuple(t.stride()) != tuple(spec.stride):
-                return f"input {name!r} stride {tuple(t.stride())} != catalog {tuple(spec.stride)}"
-            if t.device != torch.device(spec.device):
-                return f"input {name!r} device {t.device} != catalog {spec.device}"
+        why = input_mismatch(entry, inputs)
+        if why is not None:
+            return why
         for name, spec in entry.regions.items():
             slot = self.arena.layout.slot(name)
             if slot.axis is not None and extents.get(name) is not None and extents[name] != spec.shape[slot.axis]:
@@ -83,16 +96,17 @@ class Session:
     arena state; the reason is counted in ``stats()``.
     """
 
-    def __init__(self, executable: Executable, arena: Arena, fallback: FallbackFn,
-                 extents: Mapping[str, int | None]):
+    def __init__(self, executable: Executable, arena: Arena | None, fallback: FallbackFn,
+                 extents: Mapping[str, int | None], device: torch.device | str | None = None):
         self.executable = executable
         self.arena = arena
-        self.gate = AdmissionGate(arena)
+        self.layout = executable.plan.layout
+        self.gate = AdmissionGate(arena) if arena is not None else None
         self.fallback = fallback
         self.extents = dict(extents)
         self._stats = SessionStats()
         self.closed = False
-        self._expect_device = arena.device
+        self._expect_device = arena.device if arena is not None else torch.device(device)
         # set by prepare_replay: this session's own captured programs (graphs bind its arena)
         self._programs: dict[int, EntryProgram] | None = None
         self.capture_failures: dict[int, dict[str, str]] = {}
@@ -100,11 +114,12 @@ class Session:
     # ------------------------------------------------------------------ public
     @torch.no_grad()
     def prepare_replay(self, example_inputs: Mapping[str, torch.Tensor]) -> dict[int, dict[str, str]]:
-        """Capture every entry's graphs on this session's arena (before its state is set up).
+        """Capture every entry's graphs on this session's memory (before its state is set up).
 
         Capture runs each entry once for real: the generators are forked so the
-        caller's random stream is untouched, and the arena is zeroed afterwards.
-        Returns per entry the regions whose capture failed (they run eagerly).
+        caller's random stream is untouched, and the state is reset afterwards
+        (``load_state`` sets it up).  Returns per entry the regions whose capture
+        failed (they run eagerly).
         """
         from .graphs import capture_entry, fresh_regions
         failed: dict[int, dict[str, str]] = {}
@@ -112,19 +127,35 @@ class Session:
             return failed
         pool = torch.cuda.graph_pool_handle()  # one pool for all this session's graphs
         self._programs = {}
-        with torch.random.fork_rng(devices=[self.arena.device]):
+        with torch.random.fork_rng(devices=[self._expect_device]):
             for idx, program in sorted(self.executable.programs.items()):
                 parent = fresh_regions(program.run)
-                args = ([example_inputs[n] for n in self.executable.inputs]
-                        + [self.arena.full(n) for n in program.arena_inputs])
+                args = [example_inputs[n] for n in self.executable.inputs] + self._capture_state_args(program)
                 try:
-                    failed[idx] = capture_entry(parent, args, pool, self.arena.storage.data_ptr())
+                    failed[idx] = capture_entry(parent, args, pool, self._bound_storage())
                 except torch.OutOfMemoryError as e:  # capture must never crash a stream
                     failed[idx] = {"*": f"out of memory while capturing: {e}"}
                 self._programs[idx] = dataclasses.replace(program, run=parent)
-        self.arena.storage.zero_()
+        self._reset_state()
         self.capture_failures = failed
         return failed
+
+    @torch.no_grad()
+    def load_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Set the stream's state (e.g. from the model's prompt setup); it must fit catalog entry 0."""
+        extents = {}
+        for r in self.executable.carried:
+            if r not in state:
+                raise CadenceError(f"setup returned no state for region {r!r}")
+            axis = self.layout.slot(r).axis
+            extents[r] = None if axis is None else state[r].shape[axis]
+        entry0 = self.executable.plan.catalog[0]
+        for r, spec in entry0.regions.items():
+            axis = self.layout.slot(r).axis
+            if r in extents and axis is not None and extents[r] != spec.shape[axis]:
+                raise CadenceError(f"setup left {r} at {extents[r]} along axis {axis}; "
+                                   f"catalog entry 0 expects {spec.shape[axis]}")
+        self._write_state(state, extents)
 
     @torch.no_grad()  # streaming state never records autograd history; grad mode is restored after
     def step(self, inputs: Mapping[str, torch.Tensor], **flags: Any) -> dict[str, torch.Tensor]:
@@ -137,10 +168,10 @@ class Session:
         elif entry is None:
             reason = "state extents outside the catalog"
         else:
-            reason = self.gate.check(entry, inputs, self.extents)
+            reason = self._admit(entry, inputs)
         if reason is None:
             program = self._program(entry.index)
-            args = [inputs[n] for n in self.executable.inputs] + [self.arena.full(n) for n in program.arena_inputs]
+            args = [inputs[n] for n in self.executable.inputs] + self._state_args(program)
             if program.kind == "cudagraph":
                 from .graphs import region_stats
                 before = region_stats(program.run)
@@ -156,8 +187,7 @@ class Session:
             else:
                 result = program.run(*args)
                 self._stats.graph_runs[entry.index] += 1
-            self.extents.update(program.next_extents)
-            outputs = dict(zip(self.executable.outputs, result))
+            outputs = self._commit(program, result)
         else:
             self._stats.count_fallback(reason)
             outputs = self._run_fallback(inputs, flags)
@@ -171,8 +201,60 @@ class Session:
     def stats(self) -> dict:
         return self._stats.to_json()
 
+    @property
+    def state_bytes(self) -> int:
+        """Device memory this session holds for its state."""
+        return self.arena.nbytes
+
     def close(self) -> None:
         self.closed = True
+
+    # ------------------------------------------- where the state lives (arena here)
+    def _admit(self, entry: CatalogEntry, inputs: Mapping[str, torch.Tensor]) -> str | None:
+        return self.gate.check(entry, inputs, self.extents)
+
+    def _state_args(self, program: EntryProgram) -> list[torch.Tensor]:
+        return [self.arena.full(n) for n in program.arena_inputs]
+
+    _capture_state_args = _state_args
+
+    def _bound_storage(self) -> int | None:
+        """Address of the storage whose views replays bind by address (the arena)."""
+        return self.arena.storage.data_ptr()
+
+    def _reset_state(self) -> None:
+        self.arena.storage.zero_()
+
+    def _commit(self, program: EntryProgram, result: tuple) -> dict[str, torch.Tensor]:
+        """The program already wrote the next state into the arena."""
+        self.extents.update(program.next_extents)
+        return dict(zip(self.executable.outputs, result))
+
+    def _write_state(self, state: Mapping[str, torch.Tensor], extents: Mapping[str, int | None]) -> None:
+        # Check every region fits before writing any, so a bad step loses no state.
+        writes = {}
+        for r in self.executable.carried:
+            t = state[r]
+            full = self.arena.full(r)
+            axis = self.layout.slot(r).axis
+            want = list(full.shape)
+            if axis is not None:
+                if t.shape[axis] > full.shape[axis]:
+                    raise CadenceError(f"eager step grew region {r!r} to {t.shape[axis]} along axis {axis}, past "
+                                       f"its arena capacity {full.shape[axis]}; the declared retention is too small")
+                want[axis] = t.shape[axis]
+            if list(t.shape) != want:
+                raise CadenceError(f"eager step returned region {r!r} of shape {tuple(t.shape)}; "
+                                   f"the arena holds {tuple(want)}")
+            view = self.arena.view(r, extents[r])
+            if view.data_ptr() == t.data_ptr() and view.stride() == t.stride():
+                continue  # already written in place (e.g. setup on arena-bound buffers)
+            if t.untyped_storage().data_ptr() == full.untyped_storage().data_ptr():
+                t = t.clone()  # written from its own memory: read it out first
+            writes[r] = t
+        for r, t in writes.items():
+            self.arena.view(r, extents[r]).copy_(t)
+        self.extents.update(extents)
 
     # ----------------------------------------------------------------- private
     def _program(self, index: int) -> EntryProgram:
@@ -186,8 +268,8 @@ class Session:
     def _entry(self) -> CatalogEntry | None:
         for entry in self.executable.plan.catalog:
             if all(self.extents.get(r) is None or
-                   spec.shape[self.arena.layout.slot(r).axis] == self.extents[r]
-                   for r, spec in entry.regions.items() if self.arena.layout.slot(r).axis is not None):
+                   spec.shape[self.layout.slot(r).axis] == self.extents[r]
+                   for r, spec in entry.regions.items() if self.layout.slot(r).axis is not None):
                 return entry
         return None
 
@@ -209,27 +291,82 @@ class Session:
                                  f"the model takes {len(specs[name].shape)} ({tuple(specs[name].shape)})")
 
     def _run_fallback(self, inputs, flags) -> dict[str, torch.Tensor]:
-        state = self.state()
-        outputs, new_state = self.fallback(inputs, state, **flags)
-        # Check every region fits before writing any, so a bad step loses no state.
-        writes = {}
-        for r in self.executable.carried:
-            t = new_state[r]
-            full = self.arena.full(r)
-            axis = self.arena.layout.slot(r).axis
-            want = list(full.shape)
-            if axis is not None:
-                if t.shape[axis] > full.shape[axis]:
-                    raise CadenceError(f"eager step grew region {r!r} to {t.shape[axis]} along axis {axis}, past "
-                                       f"its arena capacity {full.shape[axis]}; the declared retention is too small")
-                want[axis] = t.shape[axis]
-            if list(t.shape) != want:
-                raise CadenceError(f"eager step returned region {r!r} of shape {tuple(t.shape)}; "
-                                   f"the arena holds {tuple(want)}")
-            if t.untyped_storage().data_ptr() == full.untyped_storage().data_ptr():
-                t = t.clone()  # written from its own memory: read it out first
-            writes[r] = (t, None if axis is None else t.shape[axis])
-        for r, (t, extent) in writes.items():
-            self.arena.view(r, extent).copy_(t)
-            self.extents[r] = extent
+        outputs, new_state = self.fallback(inputs, self.state(), **flags)
+        extents = {r: None if self.layout.slot(r).axis is None else new_state[r].shape[self.layout.slot(r).axis]
+                   for r in self.executable.carried}
+        self._write_state(new_state, extents)
         return outputs
+
+
+class StockStateGate:
+    """The gate for ``StockStateSession``: inputs and state exactly as the entry was traced."""
+
+    def check(self, entry: CatalogEntry, inputs: Mapping[str, torch.Tensor],
+              state: Mapping[str, torch.Tensor]) -> str | None:
+        why = input_mismatch(entry, inputs)
+        if why is not None:
+            return why
+        for name, t in state.items():
+            spec = entry.regions[name]
+            if tuple(t.shape) != tuple(spec.shape):
+                return f"state {name!r} shape {tuple(t.shape)} != catalog {tuple(spec.shape)}"
+            if str(t.dtype).removeprefix("torch.") != spec.dtype:
+                return f"state {name!r} dtype {t.dtype} != catalog {spec.dtype}"
+            if not t.is_contiguous():
+                return f"state {name!r} is not contiguous"
+        return None
+
+
+class StockStateSession(Session):
+    """Rules R / Rc: replay over stock-managed state, without the arena (no rule S).
+
+    The step's graphs were traced over the model's own (stock-sized) buffers, as
+    the stock runtime runs, with the carried state as plain inputs and outputs.
+    Each step passes the state in (a replay copies it into the graph's static
+    inputs), takes the next state out of the graph's outputs and keeps a private
+    contiguous copy: the copy-in/copy-out traffic and the stock buffers are what
+    rule S removes.  The model's buffers are scratch shared by every session of it:
+    its sessions must not run concurrently.
+    """
+
+    def __init__(self, executable: Executable, fallback: FallbackFn, device: torch.device | str):
+        super().__init__(executable, None, fallback, {}, device=device)
+        self.stock_gate = StockStateGate()
+        self._state: dict[str, torch.Tensor] = {}
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """The carried state (this session's own tensors)."""
+        return dict(self._state)
+
+    @property
+    def state_bytes(self) -> int:
+        return sum(t.nbytes for t in self._state.values())
+
+    def _admit(self, entry: CatalogEntry, inputs: Mapping[str, torch.Tensor]) -> str | None:
+        return self.stock_gate.check(entry, inputs, self._state)
+
+    def _state_args(self, program: EntryProgram) -> list[torch.Tensor]:
+        return [self._state[r] for r in self.executable.carried]
+
+    def _capture_state_args(self, program: EntryProgram) -> list[torch.Tensor]:
+        regions = program.entry.regions
+        return [torch.zeros(regions[r].shape, dtype=getattr(torch, regions[r].dtype), device=self._expect_device)
+                for r in self.executable.carried]
+
+    def _bound_storage(self) -> int | None:
+        return None  # nothing is bound by address but what the graphs write in place
+
+    def _reset_state(self) -> None:
+        self._state = {}
+
+    def _commit(self, program: EntryProgram, result: tuple) -> dict[str, torch.Tensor]:
+        n = len(self.executable.outputs)
+        new = dict(zip(self.executable.carried, result[n:]))
+        self._write_state(new, {r: None if self.layout.slot(r).axis is None else t.shape[self.layout.slot(r).axis]
+                                for r, t in new.items()})
+        return dict(zip(self.executable.outputs, result[:n]))
+
+    def _write_state(self, state: Mapping[str, torch.Tensor], extents: Mapping[str, int | None]) -> None:
+        # the next state may be a view of the model's scratch buffers: keep a private copy
+        self._state = {r: state[r].clone(memory_format=torch.contiguous_format) for r in self.executable.carried}
+        self.extents.update(extents)
