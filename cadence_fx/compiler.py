@@ -19,7 +19,7 @@ import torch.fx as fx
 
 from .adapter import StreamingAdapter
 from .annotations import Declaration
-from .errors import RulesError
+from .errors import RulesError, TraceError
 from .passes.base import PassManager, this_before_that
 from .passes.fold_host_constants import FoldHostConstants
 from .passes.lower_cudagraph import LowerCudaGraph
@@ -27,7 +27,7 @@ from .passes.partition import Partition
 from .passes.prune_dead import PruneDead
 from .passes.state_rewrite import RegionBinding, StateRewrite
 from .passes.trace import trace_step
-from .plan import CatalogEntry, Plan, make_plan
+from .plan import CatalogEntry, Plan, TensorSpec, make_plan
 from .runtime.arena import Arena
 from .runtime.session import EntryProgram, Executable, Session, StockStateSession
 
@@ -118,13 +118,24 @@ def _compile(adapter: StreamingAdapter, rules: str, progress: Callable[[str], No
     programs, notes = {}, {"trace_s": {}, "rewrite": {}}
     carried = tuple(r for r in sig.regions)
     devices = [device] if device.type == "cuda" else []
+    stock_off_axis: dict[str, tuple[tuple[int, ...], str]] = {}  # rules R/Rc: see _stock_state_drift
     for entry in plan.catalog:
         t0 = time.perf_counter()
         say(f"tracing catalog entry {entry.index + 1}/{len(plan.catalog)} (steps {entry.steps})")
-        example_state = {r: torch.zeros(entry.regions[r].shape, dtype=getattr(torch, entry.regions[r].dtype),
-                                        device=device) for r in carried}
         with torch.random.fork_rng(devices=devices):
-            gm = trace_step(step, sig, adapter.example_inputs(), example_state, by_region)
+            for attempt in range(3):
+                specs = _state_specs(plan, entry, carried, stock_off_axis)
+                example_state = {r: torch.zeros(specs[r].shape, dtype=getattr(torch, specs[r].dtype), device=device)
+                                 for r in carried}
+                gm = trace_step(step, sig, adapter.example_inputs(), example_state, by_region)
+                drift = {} if "S" in rules else _stock_state_drift(gm, plan, specs)
+                if not drift:
+                    break
+                if attempt == 2:
+                    raise TraceError(f"stock-managed state does not settle on one shape: the step still "
+                                     f"returns {drift} after tracing with {stock_off_axis}")
+                say(f"stock-managed state differs from its declaration off the growth axis: {drift}; re-tracing")
+                stock_off_axis.update(drift)
             bindings = region_bindings(plan, entry)
             pipeline = rewrite_pipeline(bindings, rules, device.type, adapter.step_boundary())
             gm, results = pipeline(gm)
@@ -133,9 +144,52 @@ def _compile(adapter: StreamingAdapter, rules: str, progress: Callable[[str], No
                                                    for p, r in zip(pipeline.passes, results))
         nxt = {b.name: b.extent_out for b in bindings if b.carried}
         kind = "cudagraph" if "R" in rules else "graph"
-        programs[entry.index] = EntryProgram(entry, gm, tuple(gm.meta.get("cadence_arena_inputs", ())), nxt, kind)
+        programs[entry.index] = EntryProgram(entry, gm, tuple(gm.meta.get("cadence_arena_inputs", ())), nxt, kind,
+                                             None if "S" in rules else specs)
     del scratch, step
     return Executable(plan, programs, sig.inputs, sig.outputs, carried, rules, notes)
+
+
+def _state_specs(plan: Plan, entry: CatalogEntry, carried: tuple[str, ...],
+                 stock_off_axis: dict[str, tuple[tuple[int, ...], str]]) -> dict[str, TensorSpec]:
+    """The carried state an entry's step takes: the declared region at the entry's extent,
+    or (stock-managed state) the stock shape off the growth axis."""
+    out = {}
+    for r in carried:
+        spec = entry.regions[r]
+        shape, dtype = tuple(spec.shape), spec.dtype
+        if r in stock_off_axis:
+            axis = plan.layout.slot(r).axis
+            stock_shape, dtype = stock_off_axis[r]
+            shape = tuple(shape[d] if d == axis else n for d, n in enumerate(stock_shape))
+        out[r] = TensorSpec.contiguous(shape, dtype, spec.device)
+    return out
+
+
+def _stock_state_drift(gm: fx.GraphModule, plan: Plan, specs: dict[str, TensorSpec]
+                       ) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Carried regions whose traced next state differs from the state it was traced
+    with anywhere but the growth axis (shape or dtype): ``{region: (shape, dtype)}``.
+
+    Stock-managed state need not have the declared shape: upstream Token2Wav returns
+    its whole 16-slot conv-cache buffer as the next state, where rule S keeps only
+    the ``n_timesteps`` slots the next step reads.  A step over stock state must take
+    what the stock step returns, so rules R/Rc adopt it and trace again.
+    """
+    sig = gm.meta["cadence_signature"]
+    (outputs,) = [n.args[0] for n in gm.graph.nodes if n.op == "output"]
+    drift = {}
+    for r, node in zip(sig.regions, outputs[len(sig.outputs):]):
+        val = node.meta.get("val") if isinstance(node, fx.Node) else None
+        if not isinstance(val, torch.Tensor):
+            continue
+        axis = plan.layout.slot(r).axis
+        got, want = tuple(val.shape), tuple(specs[r].shape)
+        dtype = str(val.dtype).removeprefix("torch.")
+        off_axis = len(got) != len(want) or any(g != w for d, (g, w) in enumerate(zip(got, want)) if d != axis)
+        if off_axis or dtype != specs[r].dtype:
+            drift[r] = (got, dtype)
+    return drift
 
 
 def open_session(executable: Executable, adapter: StreamingAdapter, *setup_args: Any) -> Session:

@@ -19,7 +19,7 @@ from cadence_fx.runtime.arena import Arena, ArenaMoved
 from cadence_fx.runtime.binding import rebind_buffers
 from cadence_fx.runtime.session import AdmissionGate, StockStateSession
 
-from toy_models import (BUFFER_FRAMES, BUFFER_PATH, CHANNELS, DEFAULT_RETAIN, FRAMES, KV_SHAPE, ToyAdapter,
+from toy_models import (BUFFER_FRAMES, BUFFER_PATH, CHANNELS, CONV_CARRY, DEFAULT_RETAIN, FRAMES, KV_SHAPE, ToyAdapter,
                         ToyStream, assert_stream_exact, make_toy, toy_inputs, toy_prompt)
 
 #: (prompt frames P, retain R): prefix 0, 2, 7; K = ceil(R / 3) + 1 = 2, 3, 3, 2, 4
@@ -215,6 +215,48 @@ def test_stock_state_session_falls_back_exactly_and_counts():
     fallbacks = run.session.stats()["fallbacks"]
     assert fallbacks["flags last outside the catalog (eager)"] == 1
     assert fallbacks["input 'x' shape (1, 4, 2) != catalog (1, 4, 3)"] == 1
+
+
+class WholeBufferConvToy(ToyStream):
+    """Stock keeps its conv carry in a 4-frame buffer and returns all of it as the next
+    state (reading back the 2 frames it needs), as upstream Token2Wav returns its whole
+    16-slot conv-cache buffer: stock-managed state larger than its declaration."""
+
+    def __init__(self, retain: int = DEFAULT_RETAIN):
+        super().__init__(retain)
+        self.register_buffer("conv_buffer", torch.zeros(1, CHANNELS, 2 * CONV_CARRY), persistent=False)
+
+    def stream(self, inputs, state, prompt_frames, last=False):
+        carry = {**state, "conv": state["conv"][:, :, :CONV_CARRY]}
+        out, new = super().stream(inputs, carry, prompt_frames, last)
+        self.conv_buffer[:, :, :CONV_CARRY] = new["conv"]
+        return out, {**new, "conv": self.conv_buffer}
+
+
+def test_stock_state_larger_than_declared_is_traced_at_the_stock_shape():
+    def model():
+        torch.manual_seed(0)
+        return WholeBufferConvToy().eval()
+
+    adapter = ToyAdapter(model(), 2)
+    exe = _compile(adapter, "")
+    assert {p.state_specs["conv"].shape for p in exe.programs.values()} == {(1, CHANNELS, 2 * CONV_CARRY)}
+    assert {p.state_specs["kv"].shape for p in exe.programs.values()} == {(*KV_SHAPE, 2), (*KV_SHAPE, 5),
+                                                                          (*KV_SHAPE, 6)}
+    stock, prompt = model(), toy_prompt(2)
+    with torch.no_grad():
+        stock_state = stock.setup(prompt)
+    session = adapter.open_session(exe, prompt)
+    for i, x in enumerate(toy_inputs(N_STEPS)):
+        rng = torch.random.get_rng_state()
+        with torch.no_grad():
+            stock_out, stock_state = stock.stream(x, stock_state, 2)
+        torch.random.set_rng_state(rng)
+        opt_out = session.step(x)
+        assert_stream_exact(session.state(), stock_state, stock_out, opt_out, f"step {i}")
+    # setup hands over the 2-frame carry it makes: that one step runs eagerly, counted
+    assert session.stats()["fallbacks"] == {"state 'conv' shape (1, 4, 2) != catalog (1, 4, 4)": 1}
+    assert sum(session.stats()["graph_runs"].values()) == N_STEPS - 1
 
 
 def _assert_stream_through_every_phase(run: "Lockstep", prompt_frames: int, retain: int) -> None:

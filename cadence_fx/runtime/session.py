@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from ..errors import CadenceError, InputError, SessionClosed
-from ..plan import CatalogEntry, Plan
+from ..plan import CatalogEntry, Plan, TensorSpec
 from .arena import Arena
 from .counters import SessionStats
 
@@ -26,6 +26,9 @@ class EntryProgram:
     arena_inputs: tuple[str, ...]
     next_extents: Mapping[str, int | None]
     kind: str = "graph"  # "graph" (rewritten aten graph, eager kernels) or "cudagraph" (replay)
+    #: rules R/Rc: the carried state as the program takes it (stock-managed state may be
+    #: larger than the declared region off its growth axis, e.g. a buffer of 16 step slots)
+    state_specs: Mapping[str, TensorSpec] | None = None
 
 
 @dataclasses.dataclass
@@ -301,19 +304,19 @@ class Session:
 class StockStateGate:
     """The gate for ``StockStateSession``: inputs and state exactly as the entry was traced."""
 
-    def check(self, entry: CatalogEntry, inputs: Mapping[str, torch.Tensor],
-              state: Mapping[str, torch.Tensor]) -> str | None:
+    def check(self, entry: CatalogEntry, inputs: Mapping[str, torch.Tensor], state: Mapping[str, torch.Tensor],
+              specs: Mapping[str, TensorSpec]) -> str | None:
         why = input_mismatch(entry, inputs)
         if why is not None:
             return why
-        for name, t in state.items():
-            spec = entry.regions[name]
+        for name, spec in specs.items():
+            t = state[name]
             if tuple(t.shape) != tuple(spec.shape):
                 return f"state {name!r} shape {tuple(t.shape)} != catalog {tuple(spec.shape)}"
             if str(t.dtype).removeprefix("torch.") != spec.dtype:
                 return f"state {name!r} dtype {t.dtype} != catalog {spec.dtype}"
-            if not t.is_contiguous():
-                return f"state {name!r} is not contiguous"
+            if tuple(t.stride()) != tuple(spec.stride):
+                return f"state {name!r} stride {tuple(t.stride())} != catalog {tuple(spec.stride)}"
         return None
 
 
@@ -343,14 +346,14 @@ class StockStateSession(Session):
         return sum(t.nbytes for t in self._state.values())
 
     def _admit(self, entry: CatalogEntry, inputs: Mapping[str, torch.Tensor]) -> str | None:
-        return self.stock_gate.check(entry, inputs, self._state)
+        return self.stock_gate.check(entry, inputs, self._state, self.executable.programs[entry.index].state_specs)
 
     def _state_args(self, program: EntryProgram) -> list[torch.Tensor]:
         return [self._state[r] for r in self.executable.carried]
 
     def _capture_state_args(self, program: EntryProgram) -> list[torch.Tensor]:
-        regions = program.entry.regions
-        return [torch.zeros(regions[r].shape, dtype=getattr(torch, regions[r].dtype), device=self._expect_device)
+        specs = program.state_specs
+        return [torch.zeros(specs[r].shape, dtype=getattr(torch, specs[r].dtype), device=self._expect_device)
                 for r in self.executable.carried]
 
     def _bound_storage(self) -> int | None:
