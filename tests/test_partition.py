@@ -286,6 +286,33 @@ def forward(self, mul_1, nonzero):
         self.assertEqual(gm._tensor_constant0.data_ptr(), model.bias.data_ptr())
         self.assertEqual(dict(split.submod_1.named_buffers()), {})
 
+    def test_a_returned_buffer_leaves_its_region_through_an_alias(self):
+        """Stock-managed state (rules R): upstream returns a whole buffer as the next state."""
+        class Carry(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.register_buffer("buf", torch.zeros(2, 3))
+
+            def forward(self, x):
+                self.buf[0] = x
+                return x * 2, self.buf
+
+        model = Carry()
+        with torch.no_grad():
+            gm = make_fx(model, pre_dispatch=True)(torch.randn(3))
+        split = Partition("cpu")(gm).graph_module
+        self.assertExpectedInline(split.code.strip(), """\
+def forward(self, arg0_1):
+    submod_0 = self.submod_0(arg0_1);  arg0_1 = None
+    getitem = submod_0[0]
+    getitem_1 = submod_0[1];  submod_0 = None
+    return (getitem, getitem_1)""")
+        x = torch.randn(3)
+        doubled, carried = LowerCudaGraph()(split).graph_module(x)  # uncaptured: the piece runs eagerly
+        self.assertTrue(torch.equal(doubled, 2 * x))
+        self.assertEqual(carried.data_ptr(), model.buf.data_ptr())  # the buffer itself, not a copy
+        self.assertTrue(torch.equal(model.buf[0], x))
+
     def test_step_granularity_cuts_where_the_boundary_key_changes(self):
         def inner(h):
             return (h * 2).sin()

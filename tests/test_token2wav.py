@@ -7,6 +7,7 @@ upstream's own ``Token2wav.stream``, and every replay rule.
 
 from __future__ import annotations
 
+import copy
 import gc
 import json
 import os
@@ -159,7 +160,9 @@ def test_stock_restatement_equals_upstream_token2wav_stream(n_timesteps):
     pt, pm, spk = s2.synthetic_prompt(50, device="cuda")
     ours.set_stream_cache(pt, pm, spk)
     up = Token2wav.__new__(Token2wav)  # attributes only: no checkpoint files needed
-    up.float16, up.n_timesteps, up.flow, up.hift = False, n_timesteps, flow, hift
+    # its own modules: the stock state aliases the flow's cache buffers, so two streams
+    # on one flow would overwrite each other's state (same weights, copied bit for bit)
+    up.float16, up.n_timesteps, up.flow, up.hift = False, n_timesteps, copy.deepcopy(flow), copy.deepcopy(hift)
     up.mel_cache_len, up.source_cache_len = 8, 3840
     up.speech_window = torch.from_numpy(np.hamming(2 * 3840)).cuda()
     lens = torch.tensor([pt.shape[1]], device="cuda")
@@ -168,7 +171,7 @@ def test_stock_restatement_equals_upstream_token2wav_stream(n_timesteps):
     up.hift_cache_dict = {"mel": torch.zeros(1, 80, 0, device="cuda"), "source": torch.zeros(1, 1, 0, device="cuda"),
                           "speech": torch.zeros(1, 0, device="cuda")}
     for tokens, last in s2.synthetic_chunks(14, final_tokens=10):
-        rng = torch.cuda.get_rng_state()
+        rng = torch.cuda.get_rng_state()  # the flow's noise and HiFT's draws are all on the device
         a = ours.stream(tokens, last_chunk=last, return_waveform=True)
         torch.cuda.set_rng_state(rng)
         b = up.stream(tokens, prompt_wav=None, last_chunk=last, return_waveform=True)

@@ -120,6 +120,7 @@ class Partition(CadencePass):
         self.record: PartitionRecord | None = None
 
     def call(self, gm: fx.GraphModule) -> PassResult:
+        _alias_returned_constants(gm)
         verdicts = {n: capturability(n, self.device_type) for n in gm.graph.nodes}
         part: dict[fx.Node, int] = {}
         current, prev = 0, None
@@ -159,6 +160,19 @@ class Partition(CadencePass):
         self.record = PartitionRecord(tuple(regions), islands)
         _check_region_graph(split)
         return PassResult(split, True, self.record)
+
+
+def _alias_returned_constants(gm: fx.GraphModule) -> None:
+    """A constant the graph returns as is (e.g. a whole stock buffer as the next state)
+    leaves through an ``alias`` in a region: ``split_module`` only exports values
+    computed in a region, and constants are sunk into the regions that use them."""
+    (output,) = [n for n in gm.graph.nodes if n.op == "output"]
+    for const in [a for a in output.all_input_nodes if a.op == "get_attr"]:
+        with gm.graph.inserting_before(output):
+            alias = gm.graph.call_function(aten.alias.default, (const,))
+        alias.meta = dict(const.meta)
+        output.replace_input_with(const, alias)
+    gm.recompile()
 
 
 def _sink_constants(split: fx.GraphModule) -> None:
