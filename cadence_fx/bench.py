@@ -136,9 +136,9 @@ def paired_speedups(b0_blocks: Sequence[Sequence[float]], v_blocks: Sequence[Seq
     return {"median": statistics.median(ratios) if ratios else None, "ratios": ratios}
 
 
-def _median_or_none(xs: Iterable[Any]) -> Any:
-    xs = [x for x in xs if x is not None]
-    return statistics.median(xs) if xs else None
+def _first(recs: Iterable[Mapping[str, Any]], key: str) -> Any:
+    """A per-variant value (the worker's finish record, merged into each of its block records)."""
+    return next((r[key] for r in recs if r.get(key) is not None), None)
 
 
 def duplex_view(chunk_ms: Mapping[str, Sequence[float]], budget_ms: float = CHUNK_BUDGET_MS) -> dict[str, Any]:
@@ -206,20 +206,20 @@ def summarize(results: dict[str, list[dict[str, Any]]], meta: dict[str, Any],
             exact = not mismatched
         sp = paired_speedups(b0_ms, [r["chunk_ms"] for r in recs]) if b0 else {"median": None, "ratios": []}
         p50 = _percentile(all_ms, 50) if all_ms else None
-        kernel = _median_or_none(r.get("kernel_ms") for r in recs)
+        kernel = _first(recs, "kernel_ms")
         rec = {
             "p50_ms": p50,
             "p90_ms": _percentile(all_ms, 90) if all_ms else None,
             "kernel_ms": kernel,
             "floor_ratio": p50 / kernel if p50 is not None and kernel else None,
-            "vocoder_ms": _median_or_none(r.get("vocoder_ms") for r in recs),
+            "vocoder_ms": _first(recs, "vocoder_ms"),
             "peak_mib": max(peaks) / 2**20 if peaks else None,
             "setup_peak_mib": max(setup_peaks) / 2**20 if setup_peaks else None,
-            "launches": _median_or_none(r.get("launches") for r in recs),
-            "graph_launches": _median_or_none(r.get("graph_launches") for r in recs),
-            "compile_s": _median_or_none(r.get("compile_s") for r in recs),
-            "setup_s": _median_or_none(r.get("setup_s") for r in recs),
-            "fallbacks": _median_or_none(r.get("fallbacks") for r in recs),
+            "launches": _first(recs, "launches"),
+            "graph_launches": _first(recs, "graph_launches"),
+            "compile_s": _first(recs, "compile_s"),
+            "setup_s": _first(recs, "setup_s"),
+            "fallbacks": _first(recs, "fallbacks"),
             "exact": exact,
             "mismatched": mismatched,
             "speedup": sp["median"],
@@ -502,7 +502,7 @@ class BenchWorker:
         import torch
         from .verify import deterministic_protocol
         check_variants([args.variant], args.device)
-        self.args, self.say = args, say
+        self.args = args
         self.device = torch.device(args.device)
         if self.device.type == "cuda":
             deterministic_protocol()
@@ -723,7 +723,7 @@ class WorkerFleet:
     wait has a deadline and notices a worker that died while idle.  A worker that fails
     (error reply, exit, timeout) is killed and its reason kept; the others go on.  Each
     worker leads its own process group, so ``close`` kills it with whatever it spawned
-    (torch.compile's helpers).  stderr goes to ``<log_dir>/<variant>.log``.
+    (torch.compile's helpers).  stderr goes to ``<log_dir>/<name>.log``.
     """
 
     def __init__(self, commands: Mapping[str, list[str]], env: Mapping[str, str], log_dir: str,
