@@ -1003,6 +1003,8 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_bench(args) -> int:
+    # SIGTERM (``timeout``, a job scheduler) unwinds like Ctrl-C, so the workers are killed too
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         report = run_bench([v.strip() for v in args.variants.split(",") if v.strip()], device=args.device,
                            chunks=args.chunks, blocks=args.blocks, warmup=args.warmup,
