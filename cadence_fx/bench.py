@@ -1,43 +1,74 @@
-"""``cadence-fx bench``: latency, kernel time, launches and peak memory per variant.
+"""``cadence-fx bench``: latency, kernel floor, launches, peak memory and exactness per variant.
 
-Each (block, variant) runs in its own process (``python -m cadence_fx.bench --worker``),
-so a variant's peak memory is its own and no variant inherits another's allocator,
-graphs or compiled code.  Blocks are matched: block ``b`` runs every variant once, in
-an order rotated by ``b``, and speedups are the median over blocks of the paired ratio
-``B0_p50 / V_p50``.
+One long-lived worker process per variant (``python -m cadence_fx.bench --worker``), so a
+variant's peak memory is its own and no variant inherits another's allocator, graphs or
+compiled code.  The driver starts every worker at once: their setups (build with seeded
+weights, apply the variant: optimize/trace/capture/compile, prompt, ``--warmup`` chunks)
+run concurrently, and each worker says ``ready`` on stdout.  Then the driver runs the
+matched blocks: block ``b`` asks every variant, in an order rotated by ``b``, for
+``--chunks`` timed chunks, one worker at a time (``block B`` on the worker's stdin, one JSON
+line back), so exactly one worker runs timed work at any moment while the others wait,
+idle, on stdin.  ``finish`` makes a worker report and exit.  Speedups are the median over
+blocks of the paired ratio ``B0_p50 / V_p50``.  A second B0 worker (``B0-replica``) streams
+the same blocks, untimed for the table: ``b0_reproducible`` says whether stock gives the
+same hashes in another process, the premise of every cross-process exactness verdict.
 
-In a worker: build the tail (seeded weights), apply the variant, set up the prompt
-(``compile_s`` covers optimize/compile/capture, setup and warm-up beyond steady
-speed), stream ``--warmup`` chunks (default 3: chunk 0 has no crossfade partner,
-chunk 1 grows the attention caches to the prompt + 100 retained frames, from chunk 2
-on every chunk has the steady shape), reset the peak-memory counter, then stream
-``--chunks`` timed chunks per block.  Before streamed chunk ``i`` (warm-up chunks
-included, counted from 0) every variant seeds ``torch.manual_seed(seed * 1000 + i)``
-(CPU and CUDA generators), so all variants draw the same noise and their PCM and
-float waveforms can be compared by SHA-256 across processes.  On CUDA the
-deterministic protocol of ``verify`` is on, and one extra chunk after the block runs
-under ``torch.profiler`` for GPU time and launch counts.
+Chunks and noise are shared: every worker streams the same ``synthetic_chunks`` sequence,
+and before streamed chunk ``i`` (warm-up included, counted from 0) seeds
+``torch.manual_seed(seed * 1000 + i)`` (CPU and CUDA generators), so block ``b`` of every
+variant covers the same chunk indices and its PCM, float waveform and carried state can
+be compared with B0's by SHA-256 across processes.  On CUDA the deterministic protocol of
+``verify`` is on.  The warm-up (default 3 chunks) reaches the steady shape: chunk 0 has no
+crossfade partner, chunk 1 grows the attention caches to the prompt + 100 retained frames.
 
-Variants: ``B0`` (stock), ``S``, ``SR``, ``SRc`` (``cadence_fx.optimize`` rules) and
-the CUDA-only controls in ``CONTROLS``.
+Per variant: p50/p90 ms per timed chunk; ``peak_mib`` (``torch.cuda.max_memory_allocated``
+over the timed chunks; ``setup_peak_mib`` for setup and warm-up); after the blocks, one
+untimed chunk times the HiFT vocoder (``vocoder_ms``: CUDA events, CPU wall time on the
+CPU, around ``HiFTGenerator.forward``; None where the vocoder is traced into the rule
+graphs and no module call happens), and one chunk runs under ``torch.profiler`` (CUDA):
+``kernel_ms`` (GPU time of kernels, memcpy and memset: the floor), ``launches`` (kernel
+and graph launch API calls) and ``floor_ratio = p50_ms / kernel_ms``.  ``compile_s`` is
+the setup (optimize/trace/capture/compile + prompt) plus warm-up time beyond steady
+speed; setups run concurrently, so it is measured under contention (an upper bound).
+The duplex view puts each chunk's time against its 1 s cadence budget (25 tokens at
+25 Hz).
+
+Variants: ``B0`` (stock), ``S``, ``R``, ``SR``, ``Rc``, ``SRc`` (``cadence_fx.optimize``
+rules) and the CUDA-only controls in ``CONTROLS``.  For ``vendor`` the worker counts how
+many DiT estimator calls replayed one of upstream's captured graphs and how many ran
+eagerly (upstream captures 30/48/96-frame buckets; a streaming chunk is 50 frames).
+
+Worker protocol, usable by hand::
+
+    printf 'block 0\\nblock 1\\nfinish\\n' | python -m cadence_fx.bench --worker --variant B0 \\
+        --blocks 2 --chunks 2 --prompt-tokens 5
+
+stdout carries only protocol lines (``{"event": "ready" | "block" | "finish" | "error", ...}``);
+anything else the process prints goes to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import hashlib
 import json
 import os
+import queue
+import signal
 import statistics
 import subprocess
 import sys
+import tempfile
+import threading
 import time
-from typing import Any, Callable, Iterable, Sequence
+import traceback
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from .errors import CadenceError
 
-RULE_VARIANTS = ("B0", "S", "SR", "SRc")
+RULE_VARIANTS = ("B0", "S", "R", "SR", "Rc", "SRc")
 #: controls: the same stock tail, made faster by something other than cadence_fx
 CONTROLS = {
     "compile-ro": "torch.compile(estimator.forward_chunk, mode='reduce-overhead', dynamic=False)",
@@ -46,9 +77,15 @@ CONTROLS = {
     "cudagraphs": "torch.compile(estimator.forward_chunk, backend='cudagraphs', dynamic=False)",
     "vendor": "upstream's own CUDA graphs: flow.scatter_cuda_graph(True)",
 }
-CUDA_ONLY = ("SR", "SRc", *CONTROLS)
+CUDA_ONLY = ("R", "SR", "Rc", "SRc", *CONTROLS)
 VARIANTS = (*RULE_VARIANTS, *CONTROLS)
 DEFAULT_WARMUP = 3
+#: a Token2Wav chunk is 25 tokens at 25 Hz: one second of audio, due before the next second
+CHUNK_BUDGET_MS = 1000.0
+SETUP_TIMEOUT_S = 900.0
+BLOCK_TIMEOUT_S = 300.0
+#: a second, independent B0 worker streaming the same blocks: is stock reproducible across processes?
+B0_REPLICA = "B0-replica"
 
 
 class BenchError(CadenceError, ValueError):
@@ -99,56 +136,125 @@ def paired_speedups(b0_blocks: Sequence[Sequence[float]], v_blocks: Sequence[Seq
     return {"median": statistics.median(ratios) if ratios else None, "ratios": ratios}
 
 
-def _median_or_none(xs: Iterable[Any]) -> Any:
-    xs = [x for x in xs if x is not None]
-    return statistics.median(xs) if xs else None
+def _first(recs: Iterable[Mapping[str, Any]], key: str) -> Any:
+    """A per-variant value (the worker's finish record, merged into each of its block records)."""
+    return next((r[key] for r in recs if r.get(key) is not None), None)
 
 
-def summarize(results: dict[str, list[dict[str, Any]]], meta: dict[str, Any]) -> dict[str, Any]:
+def duplex_view(chunk_ms: Mapping[str, Sequence[float]], budget_ms: float = CHUNK_BUDGET_MS) -> dict[str, Any]:
+    """Each chunk's time as a share of its cadence budget, per variant (chunks in stream order).
+
+    A share above 1.0 is a deadline miss: that second of audio came late.  ``stock`` and
+    ``optimized`` name the pair the report compares (B0 and SRc), None where absent.
+    """
+    out: dict[str, Any] = {"budget_ms": budget_ms, "stock": "B0" if "B0" in chunk_ms else None,
+                           "optimized": "SRc" if "SRc" in chunk_ms else None, "variants": {}}
+    for name, ms in chunk_ms.items():
+        share = [t / budget_ms for t in ms]
+        out["variants"][name] = {
+            "share_p50": _percentile(share, 50) if share else None,
+            "share_p90": _percentile(share, 90) if share else None,
+            "share_max": max(share) if share else None,
+            "misses": sum(s > 1.0 for s in share),
+            "chunks": len(share),
+            "share_per_chunk": share,
+        }
+    return out
+
+
+def _mismatched(rec: Mapping[str, Any], ref: Mapping[str, Any] | None) -> list[str]:
+    """Which hashes of a block differ from B0's same block (all of them if B0 lacks it)."""
+    keys = (("pcm", "pcm_sha256"), ("wave", "wave_sha256"), ("state", "state_sha256"))
+    if ref is None:
+        return [k for k, _ in keys]
+    return [k for k, field in keys if rec.get(field) != ref.get(field)]
+
+
+def summarize(results: dict[str, list[dict[str, Any]]], meta: dict[str, Any],
+              b0_replica: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """The report from the workers' JSON records.
 
     ``results[variant]`` is the list of block records (``block``, ``chunk_ms``,
-    ``peak_bytes``, ``pcm_sha256``, ``wave_sha256``, ``compile_s``, ``kernel_ms``,
-    ``launches``), in block order.  ``exact`` is None for B0 and otherwise whether every
-    block's PCM and waveform hashes equal B0's for that block.
+    ``pcm_sha256``, ``wave_sha256``, ``state_sha256``, and the variant's ``peak_bytes``,
+    ``compile_s``, ``kernel_ms``, ``launches``, ...).  ``exact`` is None for B0 and
+    otherwise whether every block's PCM, waveform and state hashes equal B0's for that
+    block; ``mismatched`` names the hashes that differed in any block.
+    ``b0_replica``: the block records of a second, independent B0 process;
+    ``b0_reproducible`` says whether its hashes equal B0's in every block they share
+    (None without a shared block).
     """
     b0 = sorted(results.get("B0", []), key=lambda r: r["block"])
     b0_by_block = {r["block"]: r for r in b0}
     b0_ms = [r["chunk_ms"] for r in b0]
     out = dict(meta)
     out["variants"] = {}
-    if b0:
-        out["b0_reproducible"] = len({(r["pcm_sha256"], r["wave_sha256"]) for r in b0}) == 1
+    shared = [r for r in b0_replica if r["block"] in b0_by_block]
+    out["b0_reproducible"] = not any(_mismatched(r, b0_by_block[r["block"]]) for r in shared) if shared else None
+    out["b0_replica_p50_ms"] = [statistics.median(r["chunk_ms"]) for r in sorted(b0_replica, key=lambda r: r["block"])]
+    stream_ms = {}
     for name, recs in results.items():
         recs = sorted(recs, key=lambda r: r["block"])
         all_ms = [t for r in recs for t in r["chunk_ms"]]
+        stream_ms[name] = all_ms
         peaks = [r.get("peak_bytes") for r in recs if r.get("peak_bytes") is not None]
-        if name == "B0" or not b0:
-            exact = None
-        else:
-            exact = all(r["block"] in b0_by_block
-                        and r["pcm_sha256"] == b0_by_block[r["block"]]["pcm_sha256"]
-                        and r["wave_sha256"] == b0_by_block[r["block"]]["wave_sha256"] for r in recs)
+        setup_peaks = [r.get("setup_peak_bytes") for r in recs if r.get("setup_peak_bytes") is not None]
+        mismatched: list[str] = []
+        exact = None
+        if name != "B0" and b0:
+            for r in recs:
+                mismatched += [k for k in _mismatched(r, b0_by_block.get(r["block"])) if k not in mismatched]
+            exact = not mismatched
         sp = paired_speedups(b0_ms, [r["chunk_ms"] for r in recs]) if b0 else {"median": None, "ratios": []}
-        out["variants"][name] = {
-            "p50_ms": _percentile(all_ms, 50) if all_ms else None,
+        p50 = _percentile(all_ms, 50) if all_ms else None
+        kernel = _first(recs, "kernel_ms")
+        rec = {
+            "p50_ms": p50,
             "p90_ms": _percentile(all_ms, 90) if all_ms else None,
-            "kernel_ms": _median_or_none(r.get("kernel_ms") for r in recs),
+            "kernel_ms": kernel,
+            "floor_ratio": p50 / kernel if p50 is not None and kernel else None,
+            "vocoder_ms": _first(recs, "vocoder_ms"),
             "peak_mib": max(peaks) / 2**20 if peaks else None,
-            "launches": _median_or_none(r.get("launches") for r in recs),
-            "graph_launches": _median_or_none(r.get("graph_launches") for r in recs),
-            "compile_s": _median_or_none(r.get("compile_s") for r in recs),
-            "vocoder_share": _median_or_none(r.get("vocoder_share") for r in recs),
+            "setup_peak_mib": max(setup_peaks) / 2**20 if setup_peaks else None,
+            "launches": _first(recs, "launches"),
+            "graph_launches": _first(recs, "graph_launches"),
+            "compile_s": _first(recs, "compile_s"),
+            "setup_s": _first(recs, "setup_s"),
+            "fallbacks": _first(recs, "fallbacks"),
             "exact": exact,
+            "mismatched": mismatched,
             "speedup": sp["median"],
             "speedup_per_block": sp["ratios"],
             "block_p50_ms": [statistics.median(r["chunk_ms"]) for r in recs],
             "pcm_sha256": recs[0]["pcm_sha256"] if recs else None,
             "wave_sha256": recs[0]["wave_sha256"] if recs else None,
+            "state_sha256": recs[0].get("state_sha256") if recs else None,
             "blocks": len(recs),
             "chunks": len(all_ms),
         }
+        for key in ("vendor_graph_calls", "vendor_eager_calls", "vendor_call_frames", "vendor_buckets"):
+            if recs and key in recs[0]:
+                rec[key] = recs[0][key]
+        out["variants"][name] = rec
+    out["duplex"] = duplex_view(stream_ms)
+    out["notes"] = _notes(out["variants"])
     return out
+
+
+def _notes(variants: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Findings the table cannot show: whether the vendor's graphs ran at all."""
+    notes = []
+    v = variants.get("vendor")
+    if v and v.get("vendor_graph_calls") is not None:
+        g, e = v["vendor_graph_calls"], v["vendor_eager_calls"]
+        buckets = "/".join(str(k) for k in sorted(int(k) for k in (v.get("vendor_buckets") or {})))
+        frames = "/".join(str(k) for k in sorted(int(k) for k in (v.get("vendor_call_frames") or {})))
+        head = (f"vendor: {g} of {g + e} DiT estimator calls in the timed chunks replayed one of upstream's "
+                f"captured graphs (buckets of {buckets or '?'} frames; the calls had {frames or '?'} frames)")
+        if g == 0:
+            head += ("; its graphs were never used, so it ran the stock eager path and its numbers are stock's "
+                     "plus the captured graphs' memory")
+        notes.append(head)
+    return notes
 
 
 def _fmt(x: Any, spec: str) -> str:
@@ -156,20 +262,62 @@ def _fmt(x: Any, spec: str) -> str:
 
 
 def markdown_table(report: dict[str, Any]) -> str:
-    head = ("| variant | p50 ms | p90 ms | speedup vs B0 | kernel ms | launches | peak MiB | compile s | exact |\n"
-            "|---|---:|---:|---:|---:|---:|---:|---:|:---:|")
+    head = ("| variant | p50 ms | p90 ms | speedup vs B0 | kernel ms | p50 / kernel | vocoder ms | launches | "
+            "peak MiB | compile s | exact |\n"
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|")
     rows = []
     for name, v in report["variants"].items():
-        exact = "(ref)" if name == "B0" else {None: "n/a", True: "yes", False: "NO"}[v["exact"]]
+        if name == "B0":
+            exact = "(ref)"
+        else:
+            exact = {None: "n/a", True: "yes"}.get(v["exact"], f"NO ({','.join(v.get('mismatched') or [])})")
         speed = "1.00x" if name == "B0" else ("n/a" if v["speedup"] is None else f"{v['speedup']:.2f}x")
         rows.append(f"| {name} | {_fmt(v['p50_ms'], '.1f')} | {_fmt(v['p90_ms'], '.1f')} | {speed} | "
-                    f"{_fmt(v['kernel_ms'], '.1f')} | {_fmt(v['launches'], '.0f')} | {_fmt(v['peak_mib'], '.0f')} | "
-                    f"{_fmt(v['compile_s'], '.1f')} | {exact} |")
+                    f"{_fmt(v['kernel_ms'], '.1f')} | {_fmt(v.get('floor_ratio'), '.2f')} | "
+                    f"{_fmt(v.get('vocoder_ms'), '.1f')} | {_fmt(v['launches'], '.0f')} | "
+                    f"{_fmt(v['peak_mib'], '.0f')} | {_fmt(v['compile_s'], '.1f')} | {exact} |")
     return "\n".join([head, *rows])
 
 
+def duplex_markdown(report: dict[str, Any]) -> str:
+    """The duplex section: every variant's share of the 1 s budget, then stock against SRc."""
+    d = report["duplex"]
+    lines = [f"### Duplex view: time per chunk as a share of its {d['budget_ms'] / 1000:g} s cadence budget",
+             "", "| variant | p50 share | p90 share | max share | late chunks (share > 1) |",
+             "|---|---:|---:|---:|---:|"]
+    for name, v in d["variants"].items():
+        lines.append(f"| {name} | {_fmt(v['share_p50'], '.1%')} | {_fmt(v['share_p90'], '.1%')} | "
+                     f"{_fmt(v['share_max'], '.1%')} | {v['misses']} of {v['chunks']} |")
+    pair = [n for n in (d["stock"], d["optimized"]) if n]
+    if pair:
+        said = [f"{n} uses {_fmt(d['variants'][n]['share_p50'], '.1%')} of each second at p50 "
+                f"(max {_fmt(d['variants'][n]['share_max'], '.1%')}, {d['variants'][n]['misses']} late)" for n in pair]
+        tail = ""
+        if len(pair) == 2 and d["variants"][pair[1]]["share_p50"]:
+            tail = (f"; {pair[1]} leaves {1 - d['variants'][pair[1]]['share_p50']:.1%} of the budget free against "
+                    f"{pair[0]}'s {1 - d['variants'][pair[0]]['share_p50']:.1%}")
+        lines += ["", "; ".join(said) + tail + "."]
+    return "\n".join(lines)
+
+
+def report_markdown(report: dict[str, Any]) -> str:
+    """The whole report as markdown: settings, the table, the duplex view, notes, failures."""
+    head = (f"**Token2Wav bench** on {report.get('gpu') or report.get('device')}, torch {report.get('torch')}, "
+            f"{report.get('dtype')}, {report.get('n_timesteps')} flow steps, prompt {report.get('prompt_tokens')} "
+            f"tokens, {report.get('blocks')} blocks x {report.get('chunks')} chunks, {report.get('date')}")
+    parts = [head, "", markdown_table(report), "", duplex_markdown(report)]
+    if report.get("b0_reproducible") is not None:
+        parts += ["", f"B0 reproducible in a second process (same PCM, waveform and state hashes in every "
+                      f"block): {'yes' if report['b0_reproducible'] else 'NO'}"]
+    for note in report.get("notes") or []:
+        parts += ["", note]
+    for name, why in (report.get("failures") or {}).items():
+        parts += ["", f"FAILED {name}: {why}"]
+    return "\n".join(parts)
+
+
 def plot(report: dict[str, Any], path: str) -> str | None:
-    """Latency per variant against its kernel floor, and peak memory; None without matplotlib."""
+    """Latency against the kernel floor, peak memory, and the duplex view; None without matplotlib."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -178,7 +326,7 @@ def plot(report: dict[str, Any], path: str) -> str | None:
         return None
     names = list(report["variants"])
     v = report["variants"]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(4 + 1.2 * len(names), 4))
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(8 + 1.6 * len(names), 4))
     xs = range(len(names))
     p50 = [v[n]["p50_ms"] or 0 for n in names]
     err = [max(0.0, (v[n]["p90_ms"] or 0) - (v[n]["p50_ms"] or 0)) for n in names]
@@ -187,15 +335,27 @@ def plot(report: dict[str, Any], path: str) -> str | None:
     if kern:
         a.scatter([i for i, _ in kern], [k for _, k in kern], marker="_", s=600, color="tab:red",
                   label="GPU kernel time (floor)", zorder=3)
-    a.set_xticks(list(xs), names)
+    a.set_xticks(list(xs), names, rotation=30)
     a.set_ylabel("ms per chunk")
     a.set_title("latency per chunk")
     a.legend(fontsize=8)
     mem = [v[n]["peak_mib"] or 0 for n in names]
     b.bar(xs, mem, color="tab:green")
-    b.set_xticks(list(xs), names)
+    b.set_xticks(list(xs), names, rotation=30)
     b.set_ylabel("MiB")
     b.set_title("peak allocated (n/a on CPU)" if not any(mem) else "peak allocated")
+    d = report["duplex"]
+    first = report.get("warmup") or 0
+    for name in (d["stock"], d["optimized"]):
+        if name:
+            share = d["variants"][name]["share_per_chunk"]
+            c.plot(range(first, first + len(share)), share, marker=".", label=name)
+    c.axhline(1.0, color="tab:red", linestyle="--", label="1 s budget")
+    c.set_ylim(bottom=0)
+    c.set_xlabel("chunk (stream order)")
+    c.set_ylabel("share of the 1 s budget")
+    c.set_title("duplex view")
+    c.legend(fontsize=8)
     fig.suptitle(f"{report.get('gpu') or report.get('device')}, {report.get('dtype')}, "
                  f"{report.get('n_timesteps')} steps", fontsize=9)
     fig.tight_layout()
@@ -209,6 +369,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", choices=("token2wav",), default="token2wav")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--chunks", type=int, default=8, help="timed chunks per block")
+    p.add_argument("--blocks", type=int, default=3, help="matched blocks; each runs every variant once")
     p.add_argument("--warmup", type=int, default=DEFAULT_WARMUP,
                    help=f"untimed chunks before the blocks (default {DEFAULT_WARMUP}: until every chunk has the "
                         "steady shape)")
@@ -258,6 +419,37 @@ def _apply_control(tail, variant: str) -> None:
     est.forward_chunk = forward_chunk
 
 
+class _CountedGraph:
+    """Stands in for one of upstream's captured DiT graphs and counts its replays."""
+
+    def __init__(self, graph, counts: dict[str, Any]):
+        self.graph, self.counts = graph, counts
+
+    def replay(self) -> None:
+        self.counts["graph"] += 1
+        self.graph.replay()
+
+
+def count_vendor_calls(estimator) -> dict[str, Any]:
+    """Count the upstream DiT's ``forward_chunk`` calls and its graph replays (no upstream edits).
+
+    Upstream replays ``estimator.graph_chunk[frames]`` when a call's frame count has a
+    captured bucket and the cache fits it, and runs eagerly otherwise.  Returns the live
+    counters: ``calls``, ``graph`` (replays) and ``frames`` (calls per frame count).
+    """
+    counts: dict[str, Any] = {"calls": 0, "graph": 0, "frames": {}}
+    estimator.graph_chunk = {k: _CountedGraph(g, counts) for k, g in estimator.graph_chunk.items()}
+    inner = estimator.forward_chunk
+
+    def forward_chunk(*args, **kwargs):
+        x = kwargs["x"] if "x" in kwargs else args[0]
+        counts["calls"] += 1
+        counts["frames"][int(x.shape[2])] = counts["frames"].get(int(x.shape[2]), 0) + 1
+        return inner(*args, **kwargs)
+    estimator.forward_chunk = forward_chunk
+    return counts
+
+
 def _profile_chunk(model, tokens, last, device) -> dict[str, Any]:
     """GPU time (kernels, memcpy, memset) and launch API calls of one chunk (CUDA)."""
     from torch.profiler import ProfilerActivity, profile
@@ -280,99 +472,232 @@ def _profile_chunk(model, tokens, last, device) -> dict[str, Any]:
             "graph_launches": graph_launches, "gpu_events": kernels}
 
 
-def run_worker(args) -> dict[str, Any]:
-    """One variant in this process; returns the block record(s) as a dict."""
-    import torch
-    from .verify import deterministic_protocol
-    check_variants([args.variant], args.device)
-    device = torch.device(args.device)
-    if device.type == "cuda":
-        deterministic_protocol()
-    import cadence_fx
-    from .cli import _build
-    from .integrations import stepaudio2 as s2
-    say = (lambda m: print(f"[bench {args.variant}] {m}", file=sys.stderr, flush=True)) if args.verbose else None
-    tail, (pt, pm, spk) = _build(args)
-    t0 = time.perf_counter()
-    if args.variant in RULE_VARIANTS and args.variant != "B0":
-        model = cadence_fx.optimize(tail, rules=args.variant, progress=say)
-    else:
-        model = tail
-        if args.variant in CONTROLS:
-            _apply_control(tail, args.variant)
-    model.set_stream_cache(pt, pm, spk)
-    _sync(device)
-    setup_s = time.perf_counter() - t0
-    n_total = args.warmup + args.blocks * args.chunks + 1
-    chunks = s2.synthetic_chunks(n_total, args.seed)
+def state_sha256(state: Mapping[str, Any], n_timesteps: int) -> str:
+    """SHA-256 over the carried state: each region's name, dtype, shape and bytes, by name.
 
-    def stream(i: int):
-        tokens, last = chunks[i]
-        torch.manual_seed(args.seed * 1000 + i)  # seeds the CUDA generators too
-        _sync(device)
+    Stock keeps 16 flow-step slots in its estimator caches and the arena only the
+    ``n_timesteps`` live ones, so those regions are hashed at ``[:n_timesteps]``.
+    """
+    import torch
+    h = hashlib.sha256()
+    for name in sorted(state):
+        t = state[name]
+        if name.startswith("estimator_"):
+            t = t[:n_timesteps]
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name} {t.dtype} {tuple(t.shape)};".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+class BenchWorker:
+    """One variant, set up once, then streaming the shared chunk sequence block by block.
+
+    Chunk ``i`` of the sequence: ``warmup`` untimed chunks, then ``blocks x chunks``
+    timed ones (block ``b`` from ``warmup + b * chunks``), then one vocoder-timing and one
+    profiler chunk.  Blocks must come in order: the streaming state carries across them.
+    """
+
+    def __init__(self, args, say: Callable[[str], None]):
+        import torch
+        from .verify import deterministic_protocol
+        check_variants([args.variant], args.device)
+        self.args = args
+        self.device = torch.device(args.device)
+        if self.device.type == "cuda":
+            deterministic_protocol()
+        import cadence_fx
+        from .cli import _build
+        from .integrations import stepaudio2 as s2
+        self.s2 = s2
+        t0 = time.perf_counter()
+        self.tail, (pt, pm, spk) = _build(args)
+        self.build_s = time.perf_counter() - t0
+        self.vendor_counts = None
+        t0 = time.perf_counter()
+        if args.variant in RULE_VARIANTS and args.variant != "B0":
+            self.model = cadence_fx.optimize(self.tail, rules=args.variant, progress=say)
+        else:
+            self.model = self.tail
+            if args.variant in CONTROLS:
+                _apply_control(self.tail, args.variant)
+            if args.variant == "vendor":
+                self.vendor_counts = count_vendor_calls(self.tail.flow.decoder.estimator)
+        self.model.set_stream_cache(pt, pm, spk)
+        _sync(self.device)
+        self.setup_s = time.perf_counter() - t0
+        self.chunks = s2.synthetic_chunks(args.warmup + args.blocks * args.chunks + 2, args.seed)
+        t1 = time.perf_counter()
+        self.warmup_ms = [self._stream(i)[1] for i in range(args.warmup)]
+        self.warmup_s = time.perf_counter() - t1
+        self.setup_peak = self._take_peak()
+        if self.vendor_counts is not None:  # count the timed chunks only
+            self.vendor_counts.update(calls=0, graph=0, frames={})
+        self.peak = None if self.setup_peak is None else 0
+        self.next_block = 0
+        self.timed_ms: list[float] = []
+
+    def _stream(self, i: int):
+        import torch
+        tokens, last = self.chunks[i]
+        torch.manual_seed(self.args.seed * 1000 + i)  # seeds the CUDA generators too
+        _sync(self.device)
         a = time.perf_counter()
-        wav = model.stream(tokens, last_chunk=last, return_waveform=True)
-        _sync(device)
+        wav = self.model.stream(tokens, last_chunk=last, return_waveform=True)
+        _sync(self.device)
         return wav, (time.perf_counter() - a) * 1e3
 
-    t1 = time.perf_counter()
-    warm_ms = [stream(i)[1] for i in range(args.warmup)]
-    warmup_s = time.perf_counter() - t1
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    blocks = []
-    i = args.warmup
-    for b in range(args.blocks):
-        pcm, wave = hashlib.sha256(), hashlib.sha256()
-        ms = []
-        for _ in range(args.chunks):
-            wav, t = stream(i)
-            i += 1
+    def _take_peak(self) -> int | None:
+        """Peak bytes allocated since the last call (CUDA; None on the CPU), then restart the count."""
+        import torch
+        if self.device.type != "cuda":
+            return None
+        peak = torch.cuda.max_memory_allocated(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        return peak
+
+    def ready(self) -> dict[str, Any]:
+        import torch
+        cuda = self.device.type == "cuda"
+        return {"event": "ready", "variant": self.args.variant, "device": str(self.device),
+                "torch": torch.__version__, "gpu": torch.cuda.get_device_name(self.device) if cuda else None,
+                "build_s": self.build_s, "setup_s": self.setup_s, "warmup_ms": self.warmup_ms,
+                "setup_peak_bytes": self.setup_peak}
+
+    def block(self, b: int) -> dict[str, Any]:
+        """Stream block ``b``'s timed chunks; their ms and the PCM, waveform and state hashes."""
+        a = self.args
+        if b != self.next_block or b >= a.blocks:
+            raise BenchError(f"block {b} asked; next is block {self.next_block} of {a.blocks} (blocks run in order)")
+        pcm, wave, ms = hashlib.sha256(), hashlib.sha256(), []
+        for i in range(a.warmup + b * a.chunks, a.warmup + (b + 1) * a.chunks):
+            wav, t = self._stream(i)
             ms.append(t)
-            pcm.update(s2.pcm_bytes(wav))
+            pcm.update(self.s2.pcm_bytes(wav))
             wave.update(wav.tobytes())
-        blocks.append({"block": args.block + b, "chunk_ms": ms, "pcm_sha256": pcm.hexdigest(),
-                       "wave_sha256": wave.hexdigest()})
-    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-    prof = {"kernel_ms": None, "launches": None, "graph_launches": None}
-    if device.type == "cuda" and not args.no_profile:
-        tokens, last = chunks[i]
-        torch.manual_seed(args.seed * 1000 + i)
-        prof = _profile_chunk(model, tokens, last, device)
-    steady = statistics.median([t for blk in blocks for t in blk["chunk_ms"]]) / 1e3
-    # one-time cost: setup (optimize/trace/capture + prompt) and warm-up time beyond steady speed
-    compile_s = setup_s + max(0.0, warmup_s - args.warmup * steady)
-    for blk in blocks:
-        blk.update({"peak_bytes": peak, "compile_s": compile_s, "setup_s": setup_s, "warmup_ms": warm_ms, **prof})
-    rec = {"variant": args.variant, "device": str(device), "torch": torch.__version__,
-           "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None, "blocks": blocks}
-    if hasattr(model, "stats"):
-        stats = model.stats()
-        rec["fallbacks"] = stats.get("fallback_total")
-    return rec
+        peak = self._take_peak()  # before hashing the state, which copies it to the host
+        if peak is not None:
+            self.peak = max(self.peak, peak)
+        state = state_sha256(self.model.state(), a.n_timesteps)
+        self._take_peak()
+        self.next_block += 1
+        self.timed_ms += ms
+        return {"event": "block", "variant": a.variant, "block": b, "chunk_ms": ms, "pcm_sha256": pcm.hexdigest(),
+                "wave_sha256": wave.hexdigest(), "state_sha256": state}
+
+    def _vocoder_ms(self, i: int) -> float | None:
+        """Stream chunk ``i`` timing ``HiFTGenerator.forward``: CUDA events (CPU: wall time).
+
+        None if the chunk made no module call to the vocoder (traced into the rule graphs).
+        """
+        import torch
+        hift = self.tail.hift
+        inner, spans = hift.forward, []
+
+        def forward(*args, **kwargs):
+            if self.device.type == "cuda":
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                out = inner(*args, **kwargs)
+                end.record()
+                spans.append((start, end))
+            else:
+                t = time.perf_counter()
+                out = inner(*args, **kwargs)
+                spans.append((time.perf_counter() - t) * 1e3)
+            return out
+        hift.forward = forward
+        try:
+            self._stream(i)
+        finally:
+            del hift.forward
+        if self.device.type == "cuda":
+            return sum(s.elapsed_time(e) for s, e in spans) if spans else None
+        return sum(spans) if spans else None
+
+    def finish(self) -> dict[str, Any]:
+        """Peak memory, counters, vocoder time and the profiler chunk (CUDA), after the blocks."""
+        import torch
+        a = self.args
+        rec: dict[str, Any] = {"event": "finish", "variant": a.variant, "peak_bytes": self.peak,
+                               "setup_peak_bytes": self.setup_peak, "build_s": self.build_s,
+                               "setup_s": self.setup_s, "warmup_ms": self.warmup_ms}
+        steady = statistics.median(self.timed_ms) / 1e3 if self.timed_ms else 0.0
+        rec["compile_s"] = self.setup_s + max(0.0, self.warmup_s - a.warmup * steady)
+        if hasattr(self.model, "stats"):  # cadence_fx models count fallbacks; stock has none
+            rec["fallbacks"] = self.model.stats().get("fallback_total")
+        if self.vendor_counts is not None:
+            c = self.vendor_counts
+            est = self.tail.flow.decoder.estimator
+            rec.update(vendor_graph_calls=c["graph"], vendor_eager_calls=c["calls"] - c["graph"],
+                       vendor_call_frames=dict(c["frames"]), vendor_buckets=dict(est.max_size_chunk))
+        i = a.warmup + a.blocks * a.chunks
+        rec["vocoder_ms"] = self._vocoder_ms(i)
+        rec.update(kernel_ms=None, launches=None, graph_launches=None)
+        if self.device.type == "cuda" and not a.no_profile:
+            tokens, last = self.chunks[i + 1]
+            torch.manual_seed(a.seed * 1000 + i + 1)
+            rec.update(_profile_chunk(self.model, tokens, last, self.device))
+        return rec
+
+
+def serve(args, send: Callable[[dict], None], readline: Callable[[], str]) -> int:
+    """Set up, say ready, then answer ``block B`` and ``finish`` lines until finish or EOF.
+
+    An unknown or out-of-order command gets an error reply and the worker keeps serving;
+    any other failure gets an error reply (traceback on stderr) and exit status 2.
+    """
+    def say(m: str) -> None:
+        print(f"[bench {args.variant}] {m}", file=sys.stderr, flush=True)
+
+    def fail(e: BaseException) -> int:
+        traceback.print_exc(file=sys.stderr)
+        send({"event": "error", "variant": args.variant, "error": f"{type(e).__name__}: {e}"})
+        return 2
+    try:
+        worker = BenchWorker(args, say)
+    except Exception as e:  # noqa: BLE001 - the process boundary: report any failure as one line
+        return fail(e)
+    send(worker.ready())
+    while True:
+        line = readline()
+        if not line:
+            return 0  # the driver went away
+        cmd = line.split()
+        try:
+            if cmd == ["finish"]:
+                send(worker.finish())
+                return 0
+            if len(cmd) == 2 and cmd[0] == "block" and cmd[1].isdigit():
+                send(worker.block(int(cmd[1])))
+            else:
+                raise BenchError(f"unknown command {line.strip()!r}; expected 'block B' or 'finish'")
+        except BenchError as e:
+            send({"event": "error", "variant": args.variant, "error": f"{type(e).__name__}: {e}"})
+        except Exception as e:  # noqa: BLE001 - the process boundary: report any failure as one line
+            return fail(e)
 
 
 def worker_main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m cadence_fx.bench --worker")
     p.add_argument("--worker", action="store_true")
     p.add_argument("--variant", required=True)
-    p.add_argument("--blocks", type=int, default=1)
-    p.add_argument("--block", type=int, default=0, help="index of the first block (labels the records)")
-    p.add_argument("--verbose", action="store_true")
     _model_args(p)
     args = p.parse_args(argv)
-    try:
-        rec = run_worker(args)
-    except CadenceError as e:
-        print(json.dumps({"variant": args.variant, "error": f"{type(e).__name__}: {e}"}), flush=True)
-        return 2
-    print(json.dumps(rec), flush=True)
-    return 0
+    # protocol lines only on stdout: anything else printed (upstream prints) goes to stderr
+    sys.stdout.flush()
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+
+    def send(msg: dict) -> None:
+        proto.write(json.dumps(msg) + "\n")
+        proto.flush()
+    return serve(args, send, sys.stdin.readline)
 
 
 # ---------------------------------------------------------------------------- driver
-def _worker_cmd(python: str, variant: str, block: int, opts: dict[str, Any]) -> list[str]:
-    cmd = [python, "-m", "cadence_fx.bench", "--worker", "--variant", variant, "--blocks", "1", "--block", str(block)]
+def _worker_cmd(python: str, variant: str, opts: dict[str, Any]) -> list[str]:
+    cmd = [python, "-m", "cadence_fx.bench", "--worker", "--variant", variant]
     for k, v in opts.items():
         if v is None or v is False:
             continue
@@ -381,102 +706,318 @@ def _worker_cmd(python: str, variant: str, block: int, opts: dict[str, Any]) -> 
     return cmd
 
 
+@dataclasses.dataclass
+class _Worker:
+    name: str  # the variant, or B0_REPLICA
+    proc: subprocess.Popen
+    log: str
+    ready: dict | None = None
+    finished: bool = False  # answered finish: its exit is expected
+    failure: str | None = None
+
+
+class WorkerFleet:
+    """The variant workers of one bench run: started together, then spoken to one at a time.
+
+    Each worker's stdout lines arrive on one queue (a reader thread per worker), so every
+    wait has a deadline and notices a worker that died while idle.  A worker that fails
+    (error reply, exit, timeout) is killed and its reason kept; the others go on.  Each
+    worker leads its own process group, so ``close`` kills it with whatever it spawned
+    (torch.compile's helpers).  stderr goes to ``<log_dir>/<name>.log``.
+    """
+
+    def __init__(self, commands: Mapping[str, list[str]], env: Mapping[str, str], log_dir: str,
+                 say: Callable[[str], None]):
+        self.say = say
+        self.events: queue.Queue = queue.Queue()
+        self.workers: dict[str, _Worker] = {}
+        self.t0 = time.perf_counter()
+        os.makedirs(log_dir, exist_ok=True)
+        try:
+            for name, cmd in commands.items():
+                log = os.path.join(log_dir, f"{name}.log")
+                with open(log, "w") as f:
+                    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=f, text=True,
+                                            env=dict(env), start_new_session=True)
+                self.workers[name] = _Worker(name, proc, log)
+                threading.Thread(target=self._pump, args=(name, proc.stdout), daemon=True).start()
+        except BaseException:
+            self.close()  # the ones already started
+            raise
+
+    def _pump(self, name: str, stream) -> None:
+        for line in stream:
+            self.events.put((name, line))
+        self.events.put((name, None))
+
+    def live(self) -> list[str]:
+        return [v for v, w in self.workers.items() if w.failure is None]
+
+    def failures(self) -> dict[str, str]:
+        return {v: w.failure for v, w in self.workers.items() if w.failure is not None}
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def _log_tail(self, w: _Worker) -> str:
+        try:
+            with open(w.log) as f:
+                lines = [ln.strip() for ln in f if ln.strip()]
+        except OSError:
+            lines = []
+        return f"{lines[-1] if lines else 'no output'} (log: {w.log})"
+
+    def _fail(self, w: _Worker, reason: str) -> None:
+        if w.failure is None:
+            w.failure = reason
+            self._kill(w)
+            self.say(f"{w.name} FAILED: {reason}")
+
+    @staticmethod
+    def _kill(w: _Worker) -> None:
+        """SIGKILL the worker's process group, then reap the worker.
+
+        Only while the worker is unreaped (``returncode`` None): until then its pid, and so
+        its group id, cannot belong to anyone else.
+        """
+        if w.proc.returncode is None:
+            try:
+                os.killpg(w.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            w.proc.wait()
+
+    def _next(self, deadline: float) -> tuple[str, dict] | None:
+        """The next protocol message from a live worker, or None at the deadline.
+
+        Failures on the way (an error reply, an exit) are recorded and skipped.
+        """
+        while True:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                return None
+            try:
+                name, line = self.events.get(timeout=left)
+            except queue.Empty:
+                return None
+            w = self.workers[name]
+            if w.failure is not None or w.finished:
+                continue
+            if line is None:
+                self._kill(w)  # reaps it, and whatever it left in its process group
+                self._fail(w, f"exited (rc={w.proc.returncode}): {self._log_tail(w)}")
+                continue
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue  # not a protocol line
+            if not isinstance(msg, dict):
+                continue
+            if msg.get("event") == "error":
+                self._fail(w, f"{msg.get('error')} (log: {w.log})")
+                continue
+            return name, msg
+
+    def wait_ready(self, timeout: float) -> None:
+        """Wait until every worker is ready or failed; past ``timeout`` the pending ones fail."""
+        deadline = time.perf_counter() + timeout
+        while True:
+            pending = [w for w in self.workers.values() if w.ready is None and w.failure is None]
+            if not pending:
+                return
+            got = self._next(deadline)
+            if got is None:
+                for w in pending:
+                    self._fail(w, f"setup timed out after {timeout:.0f} s: {self._log_tail(w)}")
+                return
+            name, msg = got
+            if msg.get("event") == "ready":
+                self.workers[name].ready = msg
+                n = sum(w.ready is not None for w in self.workers.values())
+                self.say(f"{name} ready after {self.elapsed():.0f} s (build {msg.get('build_s', 0):.1f} s, "
+                         f"setup {msg.get('setup_s', 0):.1f} s) [{n}/{len(self.workers)} ready]")
+
+    def ask(self, name: str, command: str, timeout: float) -> dict | None:
+        """Send one command line to a worker and wait for its reply; None if it failed."""
+        w = self.workers[name]
+        if w.failure is not None:
+            return None
+        try:
+            w.proc.stdin.write(command + "\n")
+            w.proc.stdin.flush()
+        except OSError:
+            self._fail(w, f"exited before '{command}': {self._log_tail(w)}")
+            return None
+        deadline = time.perf_counter() + timeout
+        while w.failure is None:
+            got = self._next(deadline)
+            if got is None:
+                self._fail(w, f"'{command}' timed out after {timeout:.0f} s: {self._log_tail(w)}")
+                return None
+            src, msg = got
+            if src == name:
+                return msg
+        return None
+
+    def finish(self, name: str, timeout: float) -> dict | None:
+        """``finish`` a worker and reap it."""
+        msg = self.ask(name, "finish", timeout)
+        w = self.workers[name]
+        if msg is not None:
+            w.finished = True
+            try:
+                w.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._kill(w)
+        return msg
+
+    def close(self) -> None:
+        """Kill every worker still running (with its process group) and reap them all."""
+        for w in self.workers.values():
+            self._kill(w)
+            try:
+                w.proc.stdin.close()
+            except OSError:
+                pass
+
+
+def _worker_env() -> dict[str, str]:
+    """The driver's environment, with this cadence_fx first on the path and cuBLAS made deterministic."""
+    env = dict(os.environ)
+    env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _stem(out: str, device: str, dtype: str, n_timesteps: int) -> str:
+    return os.path.join(out, f"bench-token2wav-{device.replace(':', '')}-{dtype}-nt{n_timesteps}")
+
+
+def write_report(report: dict[str, Any], stem: str, with_plot: bool) -> None:
+    """``<stem>.json`` and ``<stem>.md`` (and ``<stem>.png`` with matplotlib if ``with_plot``)."""
+    report["json"], report["md"] = stem + ".json", stem + ".md"
+    if with_plot:
+        report["png"] = plot(report, stem + ".png")
+    with open(stem + ".md", "w") as f:
+        f.write(report_markdown(report) + "\n")
+    with open(stem + ".json", "w") as f:
+        json.dump(report, f, indent=2)
+
+
 def run_bench(variants: Sequence[str], *, device: str = "cpu", chunks: int = 8, blocks: int = 3,
               warmup: int = DEFAULT_WARMUP, prompt_tokens: int = 50, n_timesteps: int = 5, dtype: str = "float32",
               seed: int = 0, checkpoint: str | None = None, out: str | None = None, profile: bool = True,
-              python: str = sys.executable, command: str | None = None, verbose: bool = False,
+              setup_timeout: float = SETUP_TIMEOUT_S, block_timeout: float = BLOCK_TIMEOUT_S,
+              python: str = sys.executable, command: str | None = None,
+              worker_command: Callable[[str], list[str]] | None = None,
               progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Run every (block, variant) in its own process, rotating order; summarize; write JSON/PNG into ``out``."""
+    """Run the variants in their own worker processes; summarize; write JSON/markdown/PNG into ``out``.
+
+    ``worker_command(variant)`` gives a worker's command line (default: this module's
+    ``--worker`` with the options above).  With ``out`` the report is rewritten after
+    every block (``"complete": false`` until the end), so a run cut short keeps its data.
+    """
     variants = check_variants(variants, device)
     if "B0" not in variants:
         variants = ["B0", *variants]  # speedups and exactness are against B0
     if chunks < 1 or blocks < 1 or warmup < 0:
         raise BenchError("--chunks and --blocks must be >= 1, --warmup >= 0")
-    opts = dict(device=device, chunks=chunks, warmup=warmup, prompt_tokens=prompt_tokens, n_timesteps=n_timesteps,
-                dtype=dtype, seed=seed, checkpoint=checkpoint, no_profile=not profile, verbose=verbose)
+    opts = dict(device=device, chunks=chunks, blocks=blocks, warmup=warmup, prompt_tokens=prompt_tokens,
+                n_timesteps=n_timesteps, dtype=dtype, seed=seed, checkpoint=checkpoint, no_profile=not profile)
+    worker_command = worker_command or (lambda v: _worker_cmd(python, v, opts))
     say = progress or (lambda m: print(f"[cadence-fx bench] {m}", file=sys.stderr, flush=True))
-    results: dict[str, list[dict]] = {v: [] for v in variants}
-    failures: dict[str, str] = {}
-    worker_meta: dict[str, Any] = {}
-    env = dict(os.environ)
-    env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     order = rotating_order(variants, blocks)
-    t_start = time.perf_counter()
-    for b in range(blocks):
-        line = []
-        for bb, v in order:
-            if bb != b:
-                continue
-            if v in failures:
-                line.append(f"{v} skipped")
-                continue
-            t0 = time.perf_counter()
-            proc = subprocess.run(_worker_cmd(python, v, b, opts), stdout=subprocess.PIPE,
-                                  stderr=None if verbose else subprocess.PIPE, text=True, env=env)
-            rec = None
-            for ln in reversed(proc.stdout.strip().splitlines()):
-                if ln.startswith("{"):
-                    rec = json.loads(ln)
-                    break
-            if rec is None or "error" in rec or proc.returncode != 0:
-                why = (rec or {}).get("error") or ((proc.stderr or "").strip().splitlines() or ["no output"])[-1]
-                failures[v] = f"rc={proc.returncode}: {why}"
-                line.append(f"{v} FAILED")
-                say(f"variant {v} failed in block {b}: {failures[v]}")
-                continue
-            worker_meta.setdefault("gpu", rec.get("gpu"))
-            worker_meta.setdefault("torch", rec.get("torch"))
-            results[v].extend(rec["blocks"])
-            p50 = statistics.median(rec["blocks"][0]["chunk_ms"])
-            line.append(f"{v} p50 {p50:.1f} ms ({time.perf_counter() - t0:.0f} s)")
-        say(f"block {b + 1}/{blocks}: " + ", ".join(line) + f"  [{time.perf_counter() - t_start:.0f} s]")
-    import torch
     meta = {
-        "model": "token2wav", "gpu": worker_meta.get("gpu"), "torch": worker_meta.get("torch", torch.__version__),
+        "model": "token2wav", "gpu": None, "torch": None,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": command or " ".join(sys.argv), "device": device, "n_timesteps": n_timesteps, "dtype": dtype,
         "prompt_tokens": prompt_tokens, "chunks": chunks, "blocks": blocks, "warmup": warmup, "seed": seed,
-        "order": [f"{b}:{v}" for b, v in order], "failures": failures,
-        "deterministic_protocol": device.startswith("cuda"),
+        "order": [f"{b}:{v}" for b, v in order], "deterministic_protocol": device.startswith("cuda"),
+        "budget_ms": CHUNK_BUDGET_MS, "setup": "concurrent (all workers at once)",
     }
-    report = summarize({v: r for v, r in results.items() if r}, meta)
-    if out:
-        os.makedirs(out, exist_ok=True)
-        stem = os.path.join(out, f"bench-token2wav-{device.replace(':', '')}-{dtype}-nt{n_timesteps}")
-        report["png"] = plot(report, stem + ".png")
-        report["json"] = stem + ".json"
-        with open(stem + ".json", "w") as f:
-            json.dump(report, f, indent=2)
+    stem = _stem(out, device, dtype, n_timesteps) if out else None
+    log_dir = os.path.join(out, "logs") if out else tempfile.mkdtemp(prefix="cadence-fx-bench-")
+    meta["logs"] = log_dir
+    names = [*variants, B0_REPLICA]
+    done: dict[str, list[dict]] = {n: [] for n in names}
+    finals: dict[str, dict] = {}
+
+    def current_report(complete: bool) -> dict[str, Any]:
+        ready = [w.ready for w in fleet.workers.values() if w.ready]
+        meta.update(gpu=next((r.get("gpu") for r in ready), None),
+                    torch=next((r.get("torch") for r in ready), None),
+                    failures=fleet.failures(), complete=complete, elapsed_s=round(fleet.elapsed(), 1))
+        recs = {v: [{**_setup_fields(fleet.workers[v].ready), **finals.get(v, {}), **r} for r in done[v]]
+                for v in variants if done[v]}
+        return summarize(recs, meta, b0_replica=done[B0_REPLICA])
+
+    say(f"starting {len(names)} workers ({', '.join(names)}); logs in {log_dir}")
+    fleet = WorkerFleet({n: worker_command("B0" if n == B0_REPLICA else n) for n in names}, _worker_env(),
+                        log_dir, say)
+    try:
+        fleet.wait_ready(setup_timeout)
+        for b in range(blocks):
+            for name in [v for bb, v in order if bb == b] + [B0_REPLICA]:
+                msg = fleet.ask(name, f"block {b}", block_timeout)
+                if msg is None:
+                    continue
+                done[name].append(msg)
+                say(f"block {b + 1}/{blocks} {name}: p50 {statistics.median(msg['chunk_ms']):.1f} ms "
+                    f"[{fleet.elapsed():.0f} s]")
+            if stem:
+                write_report(current_report(False), stem, with_plot=False)
+        for v in [v for v in variants if v in fleet.live()]:
+            msg = fleet.finish(v, block_timeout)
+            if msg is not None:
+                finals[v] = {k: x for k, x in msg.items() if k not in ("event", "variant")}
+                peak = msg.get("peak_bytes")
+                say(f"{v} finished: kernel {_fmt(msg.get('kernel_ms'), '.1f')} ms, peak "
+                    f"{_fmt(None if peak is None else peak / 2**20, '.0f')} MiB [{fleet.elapsed():.0f} s]")
+    finally:
+        fleet.close()
+    report = current_report(True)
+    if stem:
+        write_report(report, stem, with_plot=True)
+    say(f"done in {fleet.elapsed():.0f} s")
     return report
+
+
+def _setup_fields(ready: dict | None) -> dict[str, Any]:
+    """What a ready message says about the variant (until its finish says more)."""
+    return {k: ready[k] for k in ("build_s", "setup_s", "setup_peak_bytes") if k in ready} if ready else {}
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
     """The ``bench`` options (for wiring into the ``cadence-fx`` CLI)."""
     p.add_argument("--variants", default="B0,S",
                    help=f"comma-separated, from {','.join(VARIANTS)}; CUDA only: {','.join(CUDA_ONLY)}")
-    p.add_argument("--blocks", type=int, default=3, help="matched blocks; each runs every variant once")
-    p.add_argument("--out", default=None, help="directory for the JSON (and PNG, with matplotlib)")
+    p.add_argument("--out", default=None, help="directory for the JSON, markdown, PNG (with matplotlib) and "
+                                               "the workers' logs")
     p.add_argument("--json", action="store_true", help="last stdout line: the report as JSON")
-    p.add_argument("--verbose", action="store_true", help="pass the workers' progress through")
+    p.add_argument("--setup-timeout", type=float, default=SETUP_TIMEOUT_S,
+                   help=f"seconds for every worker to be ready (default {SETUP_TIMEOUT_S:.0f})")
+    p.add_argument("--block-timeout", type=float, default=BLOCK_TIMEOUT_S,
+                   help=f"seconds for one block (and for the finish) of one worker (default {BLOCK_TIMEOUT_S:.0f})")
     _model_args(p)
 
 
 def cmd_bench(args) -> int:
+    # SIGTERM (``timeout``, a job scheduler) unwinds like Ctrl-C, so the workers are killed too
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         report = run_bench([v.strip() for v in args.variants.split(",") if v.strip()], device=args.device,
                            chunks=args.chunks, blocks=args.blocks, warmup=args.warmup,
                            prompt_tokens=args.prompt_tokens, n_timesteps=args.n_timesteps, dtype=args.dtype,
                            seed=args.seed, checkpoint=args.checkpoint, out=args.out, profile=not args.no_profile,
-                           verbose=args.verbose)
+                           setup_timeout=args.setup_timeout, block_timeout=args.block_timeout)
     except BenchError as e:
         print(f"cadence-fx bench: {e}", file=sys.stderr)
         return 2
-    print(markdown_table(report))
+    print(report_markdown(report))
     if report.get("json"):
-        print(f"\nJSON: {report['json']}" + (f"  PNG: {report['png']}" if report.get("png") else
-                                             "  (no PNG: matplotlib not importable)"))
-    if report["failures"]:
-        print(f"failed: {report['failures']}")
+        print(f"\nJSON: {report['json']}  markdown: {report['md']}" +
+              (f"  PNG: {report['png']}" if report.get("png") else "  (no PNG: matplotlib not importable)"))
     if args.json:
         print(json.dumps(report))
     ok = not report["failures"] and all(v["exact"] is not False for v in report["variants"].values())
