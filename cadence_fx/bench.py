@@ -923,7 +923,8 @@ def run_bench(variants: Sequence[str], *, device: str = "cpu", chunks: int = 8, 
 
     ``worker_command(variant)`` gives a worker's command line (default: this module's
     ``--worker`` with the options above).  With ``out`` the report is rewritten after
-    every block (``"complete": false`` until the end), so a run cut short keeps its data.
+    every block and every finish (``"complete": false`` until the end), so a run cut
+    short keeps its data.
     """
     variants = check_variants(variants, device)
     if "B0" not in variants:
@@ -981,6 +982,8 @@ def run_bench(variants: Sequence[str], *, device: str = "cpu", chunks: int = 8, 
                 peak = msg.get("peak_bytes")
                 say(f"{v} finished: kernel {_fmt(msg.get('kernel_ms'), '.1f')} ms, peak "
                     f"{_fmt(None if peak is None else peak / 2**20, '.0f')} MiB [{fleet.elapsed():.0f} s]")
+                if stem:  # a run cut short keeps every finish it got
+                    write_report(current_report(False), stem, with_plot=False)
     finally:
         fleet.close()
     report = current_report(True)
