@@ -5,6 +5,8 @@ a captured region's per-replay check)."""
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -32,7 +34,7 @@ def make(shape, dtype, device, layout):
 def signature_pairs(draw):
     """(captured, live): live is the same signature or differs in exactly one field."""
     rank = draw(st.integers(2, 3))
-    shape = tuple(draw(st.integers(2, 4)) for _ in range(rank))
+    shape = tuple(draw(st.integers(1, 4)) for _ in range(rank))
     dtype = draw(st.sampled_from(DTYPES))
     device = draw(st.sampled_from(["cpu", "meta"]))
     layout = draw(st.sampled_from(["contiguous", "transposed", "strided"]))
@@ -54,8 +56,16 @@ def spec_of(t: torch.Tensor) -> TensorSpec:
     return TensorSpec(tuple(t.shape), str(t.dtype).removeprefix("torch."), tuple(t.stride()), str(t.device))
 
 
+def element_offsets(t: torch.Tensor) -> list[int]:
+    """Where each element lives, relative to the first: what a kernel reads."""
+    return [sum(i * s for i, s in zip(idx, t.stride())) for idx in itertools.product(*map(range, t.shape))]
+
+
 def same_signature(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return (a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype and a.device == b.device)
+    """Same shape, dtype, device and the same element offsets (a size-1 dim's stride is
+    free: it never moves an address)."""
+    return (a.shape == b.shape and a.dtype == b.dtype and a.device == b.device
+            and element_offsets(a) == element_offsets(b))
 
 
 def entry_with(input_spec: TensorSpec, region_extent: int) -> CatalogEntry:
@@ -91,3 +101,16 @@ def test_region_replays_only_on_its_captured_signature(pair, bound, same_memory)
     if bound and captured.device.type != "meta":
         expect = expect and live.data_ptr() == captured.data_ptr()
     assert admitted == expect, reason
+
+
+def test_a_size_one_dims_stride_is_free_and_a_real_stride_is_not():
+    spec = TensorSpec.contiguous((1, 28), "int32", "cpu")
+    gate = AdmissionGate(ARENA)
+    row = torch.zeros(4, 28, dtype=torch.int32)[2:3]
+    assert row.stride() == (28, 1) and row.storage_offset() == 56
+    column_as_row = torch.zeros(28, 4, dtype=torch.int32)[:, 1:2].t()  # shape (1, 28), stride (1, 4)
+    assert gate.check(entry_with(spec, 0), {"x": row}, {"kv": 0}) is None
+    assert gate.check(entry_with(spec, 0), {"x": torch.zeros(28, 1, dtype=torch.int32).t()}, {"kv": 0}) is None
+    assert gate.check(entry_with(spec, 0), {"x": column_as_row}, {"kv": 0}) == \
+        "input 'x' stride (1, 4) != catalog (28, 1)"
+

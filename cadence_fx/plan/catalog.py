@@ -33,6 +33,19 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+def same_layout(shape: tuple[int, ...], a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    """Strides ``a`` and ``b`` address the same elements of a tensor of ``shape``: equal on
+    every dim of size > 1 (a size-1 dim's stride never moves an address, and a tensor
+    with a size-0 dim has no elements).  ``torch.zeros(28, 1).t()`` (strides (1, 1)) has
+    the layout of a fresh ``[1, 28]`` tensor (strides (28, 1)); ``x[:, 1:2].t()`` of a
+    ``[28, 4]`` tensor (strides (1, 4)) does not."""
+    if len(a) != len(shape) or len(b) != len(shape):
+        return False
+    if 0 in shape:
+        return True
+    return all(sa == sb for n, sa, sb in zip(shape, a, b) if n > 1)
+
+
 @dataclasses.dataclass(frozen=True)
 class TensorSpec:
     """Shape, dtype, strides (elements) and device of one tensor of a signature."""

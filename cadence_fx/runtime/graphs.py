@@ -25,6 +25,7 @@ from typing import Any, Sequence
 import torch
 
 from ..errors import CadenceError
+from ..plan import same_layout
 
 
 class CaptureFailed(CadenceError, RuntimeError):
@@ -46,10 +47,11 @@ class ArgSpec:
     def mismatch(self, t: Any, i: int) -> str | None:
         if not isinstance(t, torch.Tensor):
             return f"arg {i} is {type(t).__name__}, captured a tensor"
-        for field, live in (("shape", tuple(t.shape)), ("stride", tuple(t.stride())), ("dtype", t.dtype),
-                            ("device", t.device)):
+        for field, live in (("shape", tuple(t.shape)), ("dtype", t.dtype), ("device", t.device)):
             if live != getattr(self, field):
                 return f"arg {i} {field} {live} != captured {getattr(self, field)}"
+        if not same_layout(self.shape, tuple(t.stride()), self.stride):
+            return f"arg {i} stride {tuple(t.stride())} != captured {self.stride}"
         if self.data_ptr is not None and t.data_ptr() != self.data_ptr:
             return f"arg {i} (bound by address) moved from {self.data_ptr:#x} to {t.data_ptr():#x}"
         return None

@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from ..errors import CadenceError, InputError, SessionClosed
-from ..plan import CatalogEntry, Plan, TensorSpec
+from ..plan import CatalogEntry, Plan, TensorSpec, same_layout
 from .arena import Arena
 from .counters import SessionStats
 
@@ -57,7 +57,7 @@ def input_mismatch(entry: CatalogEntry, inputs: Mapping[str, torch.Tensor]) -> s
             return f"input {name!r} shape {tuple(t.shape)} != catalog {tuple(spec.shape)}"
         if str(t.dtype).removeprefix("torch.") != spec.dtype:
             return f"input {name!r} dtype {t.dtype} != catalog {spec.dtype}"
-        if tuple(t.stride()) != tuple(spec.stride):
+        if not same_layout(spec.shape, tuple(t.stride()), tuple(spec.stride)):
             return f"input {name!r} stride {tuple(t.stride())} != catalog {tuple(spec.stride)}"
         if t.device != torch.device(spec.device):
             return f"input {name!r} device {t.device} != catalog {spec.device}"
@@ -315,7 +315,7 @@ class StockStateGate:
                 return f"state {name!r} shape {tuple(t.shape)} != catalog {tuple(spec.shape)}"
             if str(t.dtype).removeprefix("torch.") != spec.dtype:
                 return f"state {name!r} dtype {t.dtype} != catalog {spec.dtype}"
-            if tuple(t.stride()) != tuple(spec.stride):
+            if not same_layout(spec.shape, tuple(t.stride()), tuple(spec.stride)):
                 return f"state {name!r} stride {tuple(t.stride())} != catalog {tuple(spec.stride)}"
         return None
 
