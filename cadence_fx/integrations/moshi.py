@@ -310,6 +310,10 @@ class MimiAdapter(StreamingAdapter):
         """Any frame, eagerly, on the arena state itself (moshi updates it in place)."""
         return self.bind({})(inputs, state)
 
+    def step_boundary(self):
+        """Rules R/SR: one decode is one step, so a step's graph is the frame's graph (as SRc)."""
+        return lambda node: "decode"
+
     def callable_verdicts(self) -> tuple:
         return (ScopeVerdict("decode", "callable", "in", "codes [1, 8, 1]: every offset is a device tensor, "
                              "so one graph serves every frame, before and after the ring wraps"),
