@@ -25,7 +25,7 @@ def _add_model_args(p: argparse.ArgumentParser, *, weights: bool = True, rules: 
     if weights:
         p.add_argument("--seed", type=int, default=0, help="seeds the weights, the prompt and the tokens")
         p.add_argument("--checkpoint", default=None, help="token2wav: directory with upstream flow.pt and hift.pt; "
-                                                          "mimi: a torch.save'd MimiModel state dict")
+                                                          "mimi: moshi's .safetensors or a torch.save'd state dict")
     p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
     if rules is not None:
         p.add_argument("--rules", default=rules, help="S (CPU or CUDA); SR (per DiT call) or SRc (per chunk) "
@@ -122,6 +122,8 @@ def cmd_verify(args) -> int:
     say = _progress(args.quiet)
     if args.model == "mimi":  # one 80 ms frame (8 codes) per chunk; the step is traced in optimize()
         from .integrations import moshi as mm
+        if args.final_tokens:
+            raise SystemExit("--final-tokens does not apply to --model mimi: it has no flush frame")
         tail = _build_mimi(args)
         t0 = time.perf_counter()
         opt = cadence_fx.optimize(tail, rules=args.rules, progress=say)
