@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any
 
-MODELS = ("token2wav",)
+MODELS = ("token2wav", "mimi")
 
 
 def _add_model_args(p: argparse.ArgumentParser, *, weights: bool = True, rules: str | None = "S") -> None:
@@ -24,7 +24,8 @@ def _add_model_args(p: argparse.ArgumentParser, *, weights: bool = True, rules: 
     p.add_argument("--dtype", choices=("float32", "float16"), default="float32")
     if weights:
         p.add_argument("--seed", type=int, default=0, help="seeds the weights, the prompt and the tokens")
-        p.add_argument("--checkpoint", default=None, help="directory with upstream flow.pt and hift.pt")
+        p.add_argument("--checkpoint", default=None, help="token2wav: directory with upstream flow.pt and hift.pt; "
+                                                          "mimi: moshi's .safetensors or a torch.save'd state dict")
     p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
     if rules is not None:
         p.add_argument("--rules", default=rules, help="S (CPU or CUDA); on CUDA, replay: SR (per DiT "
@@ -56,12 +57,28 @@ def _build(args) -> tuple[Any, Any]:
     return tail, prompt
 
 
+def _build_mimi(args):
+    """Mimi (moshi) at the released configuration, seeded; fp32 only."""
+    import torch
+    from .integrations import moshi as mm
+    if args.dtype != "float32":
+        raise SystemExit("--model mimi runs in float32 (as moshi runs Mimi)")
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"--device {args.device}: CUDA is not available on this machine")
+    return mm.MimiDecoder(mm.build_mimi(args.seed, args.checkpoint).to(device))
+
+
 def cmd_explain(args) -> int:
     import torch
     from .integrations import stepaudio2 as s2
     from .compiler import build_plan
     device = torch.device(args.device)
-    plan = build_plan(s2.explain_adapter(args.prompt_tokens, args.n_timesteps, args.dtype == "float16", device))
+    if args.model == "mimi":
+        from .integrations import moshi as mm
+        plan = build_plan(mm.explain_adapter(device))
+    else:
+        plan = build_plan(s2.explain_adapter(args.prompt_tokens, args.n_timesteps, args.dtype == "float16", device))
     doc = plan.to_json()
     text = plan.explain()
     if args.trace:
@@ -78,12 +95,16 @@ def _partition_preview(args) -> tuple[dict, str]:
     import cadence_fx
     from .compiler import preview_partition
     args.seed, args.checkpoint = 0, None
-    tail, (pt, pm, spk) = _build(args)
-    opt = cadence_fx.optimize(tail, rules="S", progress=_progress(args.json))
-    exe = opt.executable(pm.shape[1], spk)
+    if args.model == "mimi":  # one decode is one step: SR and SRc capture the same graph
+        opt = cadence_fx.optimize(_build_mimi(args), rules="S", progress=_progress(args.json))
+        exe, adapter = opt.executable, opt.adapter
+    else:
+        tail, (pt, pm, spk) = _build(args)
+        opt = cadence_fx.optimize(tail, rules="S", progress=_progress(args.json))
+        exe, adapter = opt.executable(pm.shape[1], spk), opt._adapter(pm.shape[1], spk)
     doc, lines = {}, []
     for granularity in ("chunk", "step"):
-        boundary = None if granularity == "chunk" else opt._adapter(pm.shape[1], spk).step_boundary()
+        boundary = None if granularity == "chunk" else adapter.step_boundary()
         for idx, rec in preview_partition(exe, granularity, boundary).items():
             doc.setdefault(str(idx), {})[granularity] = {
                 "regions": [{"name": n, "capturable": c, "nodes": k} for n, c, k in rec.regions],
@@ -100,18 +121,30 @@ def cmd_verify(args) -> int:
     import cadence_fx
     from .integrations import stepaudio2 as s2
     say = _progress(args.quiet)
-    tail, (pt, pm, spk) = _build(args)
-    t0 = time.perf_counter()
-    opt = cadence_fx.optimize(tail, rules=args.rules, progress=say)
-    opt.set_stream_cache(pt, pm, spk)
-    compile_s = time.perf_counter() - t0
-    tail.set_stream_cache(pt, pm, spk)
-    chunks = s2.synthetic_chunks(args.chunks, args.seed, final_tokens=args.final_tokens or None)
+    if args.model == "mimi":  # one 80 ms frame (8 codes) per chunk; the step is traced in optimize()
+        from .integrations import moshi as mm
+        if args.final_tokens:
+            raise SystemExit("--final-tokens does not apply to --model mimi: it has no flush frame")
+        tail = _build_mimi(args)
+        t0 = time.perf_counter()
+        opt = cadence_fx.optimize(tail, rules=args.rules, progress=say)
+        compile_s = time.perf_counter() - t0
+        chunks = mm.synthetic_codes(args.chunks, args.seed)
+        config = {}
+    else:
+        tail, (pt, pm, spk) = _build(args)
+        t0 = time.perf_counter()
+        opt = cadence_fx.optimize(tail, rules=args.rules, progress=say)
+        opt.set_stream_cache(pt, pm, spk)
+        compile_s = time.perf_counter() - t0
+        tail.set_stream_cache(pt, pm, spk)
+        chunks = s2.synthetic_chunks(args.chunks, args.seed, final_tokens=args.final_tokens or None)
+        config = {"n_timesteps": args.n_timesteps, "prompt_tokens": args.prompt_tokens}
     report = compare_streams(tail, opt, chunks, tail.device, say)
     stats = opt.stats()
     report.update({
         "model": args.model, "rules": args.rules, "device": str(tail.device), "dtype": args.dtype,
-        "n_timesteps": args.n_timesteps, "prompt_tokens": args.prompt_tokens, "seed": args.seed,
+        **config, "seed": args.seed,
         "fallbacks": stats["fallback_total"], "fallback_reasons": stats["fallbacks"], "stats": stats,
         "arena_bytes": opt.arena_bytes, "state_bytes": opt.state_bytes, "stock_state_bytes": opt.session.executable.plan.stock_state_bytes,
         "compile_s": round(compile_s, 2), "torch": torch.__version__,

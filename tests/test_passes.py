@@ -393,7 +393,8 @@ def forward(self, in_x, arena_kv, arena_c):
         gm = trace_step(step, SIG, inputs, state, {"kv": buf})
         original = copy.deepcopy(gm)
         result = StateRewrite(bindings(capacity=5, ext_in=1, ext_out=2))(gm)
-        self.assertEqual(result.record.written_back, ("kv", "c"))
+        self.assertEqual(result.record.written_back, ("kv",))
+        self.assertEqual(result.record.in_place, ("c",))  # returned as given: its arena view already
         clone = next(n for n in gm.graph.nodes if n.target is aten.clone.default)
         self.assertEqual(clone.args[0].target, aten.slice.Tensor)
         self.assertEqual(clone.args[0].args[1:], (1, 1, 3))
@@ -496,6 +497,32 @@ class TestAliasing(TestCase):
                         {"kv": torch.randn(2, 1, generator=g), "c": torch.randn(2, generator=g)})
         with self.assertRaisesRegex(PassError, "mul_ writes region 'kv' through the state view"):
             StateRewrite(bindings(capacity=5, ext_in=1, ext_out=1))(gm)
+
+    def test_state_updated_in_place_stays_in_place(self):
+        # moshi's pattern: a ring (Ring(4)) and a carry (Fixed) with no bound buffer, both
+        # written through the state tensor the step was given and returned as they are.
+        def step(inputs, state):
+            ring, c = state["kv"], state["c"]
+            ring.scatter_(1, torch.tensor([[1, 2], [1, 2]]), inputs["x"])
+            y = ring.sum(1) + c
+            c[:] = torch.where(y > 0, y, c)
+            return {"y": y * 2}, {"kv": ring, "c": c}
+
+        g = torch.Generator().manual_seed(3)
+        inputs = {"x": torch.randn(2, 2, generator=g)}
+        state = {"kv": torch.randn(2, 4, generator=g), "c": torch.randn(2, generator=g)}
+        gm = trace_step(step, SIG, inputs, {k: v.clone() for k, v in state.items()})
+        original = copy.deepcopy(gm)
+        result = StateRewrite(bindings(capacity=4, ext_in=4, ext_out=4))(gm)
+        self.assertEqual(result.record, RewriteRecord(arena_inputs=("kv", "c"), in_place=("kv", "c"),
+                                                      written_back=(), buffers_rebound=0))
+        self.assertEqual(counts(gm).get("clone", 0), 0)  # no read-out, no write-back
+        ref = {k: v.clone() for k, v in state.items()}
+        y_ref = run(original, inputs["x"], ref["kv"], ref["c"])[0]
+        arena = {k: v.clone() for k, v in state.items()}
+        (y,) = run(gm, inputs["x"], arena["kv"], arena["c"])
+        self.assertTrue(torch.equal(y, y_ref))
+        self.assertTrue(torch.equal(arena["kv"], ref["kv"]) and torch.equal(arena["c"], ref["c"]))
 
     def test_byte_interval_of_strided_views(self):
         t = torch.zeros(4, 6)

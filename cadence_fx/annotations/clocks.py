@@ -3,7 +3,8 @@
 A streaming step advances every clock of a declaration once, each by its own
 ``stride`` (frames of that clock per step).  The Step-Audio2 Token2Wav tail runs
 three clocks per chunk: ``Clock("token", 25, 25)``, ``Clock("mel", 50, 50)`` and
-``Clock("sample", 24000, 24000)``; Mimi runs one, ``Clock("frame", 12.5, 1)``.
+``Clock("sample", 24000, 24000)``; Mimi's decoder ``Clock("frame", 12.5, 1)``,
+``Clock("latent", 25, 2)`` and ``Clock("sample", 24000, 1920)``.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from typing import Any, Callable
 FACTORIES: dict[str, tuple[str, str]] = {
     # class qualname -> (module, factory attribute)
     "Token2WavTail": ("cadence_fx.integrations.stepaudio2", "OptimizedToken2Wav"),
+    "MimiDecoder": ("cadence_fx.integrations.moshi", "OptimizedMimi"),
 }
 
 

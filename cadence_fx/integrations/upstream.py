@@ -14,10 +14,18 @@ module object with the package's ``__path__`` is registered in ``sys.modules``
 (exactly what the import system builds for a namespace package) so that
 ``import pkg.sub.mod`` resolves submodules from the installed files without
 executing ``pkg/__init__.py``.  Nothing is copied from upstream.
+
+``moshi`` (pinned 0.2.13) is the same story one level down: ``moshi/__init__``
+imports everything, and ``moshi/models/__init__`` imports the hub loaders
+(huggingface_hub, safetensors, sentencepiece) and the LM.  Mimi's decode path needs
+torch, numpy and einops only, so ``import_submodule(..., bare=("models",))`` keeps
+that subpackage's ``__init__`` from running too, and ``module_constants`` reads the
+released configuration dicts out of ``moshi/models/loaders.py`` without importing it.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.metadata
 import importlib.util
@@ -53,13 +61,46 @@ def bare_package(name: str) -> ModuleType:
     return pkg
 
 
-def import_submodule(package: str, submodule: str) -> ModuleType:
-    """``import package.submodule`` without running ``package/__init__.py``."""
+def import_submodule(package: str, submodule: str, bare: tuple[str, ...] = ()) -> ModuleType:
+    """``import package.submodule`` without running ``package/__init__.py``.
+
+    ``bare`` names subpackages (relative to ``package``, e.g. ``"models"``) whose
+    ``__init__`` must not run either; other intermediate packages import normally.
+    """
     bare_package(package)
+    for sub in bare:
+        bare_package(f"{package}.{sub}")
     return importlib.import_module(f"{package}.{submodule}")
 
 
-_DISTRIBUTIONS = {"stepaudio2": "stepaudio2-minicpmo==0.1.1", "moshi": "moshi"}
+def module_constants(package: str, submodule: str, names: tuple[str, ...]) -> dict[str, object]:
+    """Top-level constants ``names`` of ``package/submodule.py``, read from its source.
+
+    For configuration dicts in a module whose imports we cannot afford.  Only the
+    right-hand sides of ``NAME = <expression>`` assignments are evaluated, in order,
+    with no builtins and only the names read so far in scope (so literals and
+    references to earlier constants, nothing else).
+    """
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise UpstreamMissing(f"the upstream package {package!r} is not installed; install it with "
+                              f"`pip install --no-deps {distribution_for(package)}` (see README.md)")
+    path = f"{spec.submodule_search_locations[0]}/{submodule.replace('.', '/')}.py"
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    scope: dict[str, object] = {"__builtins__": {}}
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id in names):
+            scope[node.targets[0].id] = eval(compile(ast.Expression(node.value), path, "eval"), scope)  # noqa: S307
+    missing = [n for n in names if n not in scope]
+    if missing:
+        raise UpstreamMissing(f"{package}.{submodule} defines no {missing}; the installed version is "
+                              f"{installed_version(distribution_for(package).split('==')[0])}")
+    return {n: scope[n] for n in names}
+
+
+_DISTRIBUTIONS = {"stepaudio2": "stepaudio2-minicpmo==0.1.1", "moshi": "moshi==0.2.13"}
 
 
 def distribution_for(package: str) -> str:

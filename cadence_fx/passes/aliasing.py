@@ -91,11 +91,21 @@ def record_accesses(gm: fx.GraphModule, args: list, regions: Mapping[str, torch.
 
 
 def region_hazards(accesses: list[Access]) -> list[str]:
-    """Reads of old state after the buffer overwrote it, and writes through the state view."""
+    """Reads of old state after the buffer overwrote it, and writes through the state
+    view of a region that is also reached through its buffer.
+
+    A region the graph reaches only through its state view (no bound buffer: the
+    step updates the state tensor it was given in place, e.g. a ring KV cache or a
+    conv carry) was one tensor at trace time and is one arena view after the
+    rewrite, so writing through it is what the trace recorded.  Once the region is
+    also reached through a buffer, the trace saw two tensors where the arena has
+    one: a write through the state view would change what the buffer reads.
+    """
     problems = []
     writes_b = [a for a in accesses if a.kind == "write" and a.origin in ("B", "?")]
+    through_buffer = {a.region for a in accesses if a.origin in ("B", "?")}
     for a in accesses:
-        if a.origin in ("S", "?") and a.kind == "write":
+        if a.kind == "write" and (a.origin == "?" or (a.origin == "S" and a.region in through_buffer)):
             problems.append(f"{a.node} writes region {a.region!r} through the state view; "
                             "upstream wrote a separate tensor there")
         if a.origin in ("S", "?") and a.kind == "read":

@@ -17,8 +17,11 @@ After::
 A carried region's next state that is not already the arena view at the next
 phase's extent (e.g. upstream's trim, a ``cat`` of two slices, or a fresh
 ``clone``) is written back with one ``copy_`` into that view as the graph's last
-ops, after every read.  The rewritten graph allocates no state: every region keeps
-one address for the session and the graph returns only the step's outputs.
+ops, after every read.  A step that updates the state it was given in place and
+returns it as given (a ring KV written by ``scatter_``, ``carry[:] = ...``) needs
+no write-back: its state view *is* the arena view.  The rewritten graph allocates
+no state: every region keeps one address for the session and the graph returns
+only the step's outputs.
 
 ensures: no ``state_*`` placeholder and no region-bound ``get_attr`` remain; the
 graph returns no region memory; every write-back has the shape of the view it
@@ -180,7 +183,8 @@ class StateRewrite(CadencePass):
     def _is_arena_view(value: fx.Node, arena: fx.Node, b: RegionBinding) -> bool:
         while value.op == "call_function" and returns_written(value):  # copy_(view, x) is that view
             value = value.args[0]
-        if value is arena:
+        if value is arena or (value.op == "call_function" and value.target is aten.alias.default
+                              and value.args[0] is arena):  # the state view, updated in place
             return b.axis is None or b.extent_out == b.shape[b.axis]
         if value.op == "call_function" and value.target is aten.slice.Tensor and value.args[0] is arena:
             args = list(value.args) + [None] * 5

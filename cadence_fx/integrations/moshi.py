@@ -1,0 +1,378 @@
+"""Moshi's Mimi decoder (``moshi==0.2.13``), one 80 ms frame per streaming step.
+
+``MimiModel`` at the released configuration (``moshi.models.loaders``' config dicts;
+8 codebooks, as ``CheckpointInfo.get_mimi`` builds it for Moshi).  Clocks: frame
+12.5 Hz (1 code frame per step), latent 25 Hz (2 decoder-transformer steps per frame),
+sample 24 kHz (1,920 samples per step).
+
+moshi keeps streaming state in ``_streaming_state`` dataclasses on its modules (not
+buffers) and updates it in place (``previous[:] = ...``, ``scatter_`` into the ring).
+The step points those fields at the declared state tensors, so the traced graph
+updates its state placeholders in place and ``state_rewrite`` makes them arena
+views.  Every offset moshi computes with is a device tensor; the host-side
+``offset_cpu`` counters are read only by weights-per-step layers, which Mimi has
+none of (``check_declaration``), so every frame traces the same graph: one catalog
+entry, before and after the ring wraps (250 slots, 2 per frame: frame 125).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from ..adapter import StreamingAdapter
+from ..annotations import Clock, Fixed, Region, Ring, get_declaration, native_clock
+from ..errors import DeclarationError, InputError
+from ..passes.trace import StepSignature
+from ..plan import ScopeVerdict, TensorSpec
+from .upstream import import_submodule, module_constants
+
+UPSTREAM_DISTRIBUTION = "moshi"
+UPSTREAM_VERSION = "0.2.13"  # the version these declarations and tests were checked against
+N_Q, CARDINALITY, FRAME_SAMPLES = 8, 2048, 1920  # codebooks decoded, ids per codebook, 24 kHz / 12.5 Hz
+LAYERS, CONTEXT = 8, 250  # decoder transformer layers, RingKVCache capacity (released config)
+DIMS = {"layers": LAYERS, "heads": 8, "head_dim": 64, "streaming_states": 39}
+ATTN = "decoder_transformer.transformer.layers.{}.self_attn"
+DECODE_PATH = ("upsample", "decoder_transformer", "decoder")  # top-level modules a decode runs
+#: conv carries on the decode path: region, module, state field, shape (released config)
+CONV_CARRIES = (
+    ("upsample_partial", "upsample.convtr", "partial", (1, 512, 2)),
+    ("dec_in_previous", "decoder.model.0", "previous", (1, 512, 6)),
+    ("dec_up1_partial", "decoder.model.2", "partial", (1, 512, 8)),
+    ("dec_res1_previous", "decoder.model.3.block.1", "previous", (1, 512, 2)),
+    ("dec_up2_partial", "decoder.model.5", "partial", (1, 256, 6)),
+    ("dec_res2_previous", "decoder.model.6.block.1", "previous", (1, 256, 2)),
+    ("dec_up3_partial", "decoder.model.8", "partial", (1, 128, 5)),
+    ("dec_res3_previous", "decoder.model.9.block.1", "previous", (1, 128, 2)),
+    ("dec_up4_partial", "decoder.model.11", "partial", (1, 64, 4)),
+    ("dec_res4_previous", "decoder.model.12.block.1", "previous", (1, 64, 2)),
+    ("dec_out_previous", "decoder.model.14", "previous", (1, 64, 2)),
+)
+
+MIMI_DECLARATION = dict(
+    clocks=[Clock("frame", hz=12.5, stride=1), Clock("latent", hz=25, stride=2),
+            Clock("sample", hz=24000, stride=FRAME_SAMPLES)],
+    regions=[
+        Region("kv", clock="latent", shape=("layers", 2, 1, "heads", "T", "head_dim"), axis=4,
+               retention=Ring(CONTEXT), doc="RingKVCache.cache (K|V) of each decoder-transformer layer"),
+        Region("kv_end", clock="latent", shape=("layers", 1), dtype="int64",
+               doc="RingKVCache.end_offset per layer: where the ring writes next (mod 250)"),
+        Region("attn_offset", clock="latent", shape=("layers", 1), dtype="int64",
+               doc="attention offset per layer: rope phase and causal mask"),
+        Region("offsets", clock="latent", shape=(1,), dtype="int64", doc="StreamingTransformer offsets"),
+        Region("exec_mask", clock="frame", shape=("streaming_states", 1), dtype="bool",
+               doc="State.exec_mask of every streaming module on the decode path (read, never written)"),
+        *[Region(name, clock="sample", shape=shape, retention=Fixed(), doc=f"{module}: {field}")
+          for name, module, field, shape in CONV_CARRIES],
+    ],
+    step="stream",
+    unit="one 80 ms frame: codes [1, 8, 1] -> 1,920 samples at 24 kHz",
+)
+CARRIED = tuple(r.name for r in MIMI_DECLARATION["regions"])
+
+
+@functools.lru_cache(maxsize=None)
+def upstream_modules() -> dict[str, Any]:
+    """moshi's classes and config, without ``moshi/__init__`` or ``moshi/models/__init__``."""
+    comp = import_submodule("moshi", "models.compression", bare=("models",))
+    modules = import_submodule("moshi", "modules")
+    compile_ = import_submodule("moshi", "utils.compile")
+    return {"MimiModel": comp.MimiModel, "modules": modules, "quantization": import_submodule("moshi", "quantization"),
+            "StreamingModule": import_submodule("moshi", "modules.streaming").StreamingModule,
+            "config": module_constants("moshi", "models.loaders",
+                                       ("_seanet_kwargs", "_quantizer_kwargs", "_transformer_kwargs")),
+            # moshi's own switches: no torch.compile'd rope, no CUDAGraphed wrappers (eager, B0)
+            "eager": lambda: _entered(compile_.no_compile(), compile_.no_cuda_graph())}
+
+
+def _entered(*contexts) -> contextlib.ExitStack:
+    stack = contextlib.ExitStack()
+    for c in contexts:
+        stack.enter_context(c)
+    return stack
+
+
+def build_mimi(seed: int = 0, checkpoint: str | None = None):
+    """``MimiModel`` as ``loaders.get_mimi`` builds it (fp32, CPU, eval, 8 codebooks).
+
+    Weights: ``checkpoint`` (moshi's ``.safetensors`` or a ``torch.save``d state dict)
+    or seeded random.  The codebooks are EMA buffers whose ``embedding_sum`` starts at
+    zero (every code would decode to one latent): seeded weights fill them too.
+    """
+    up = upstream_modules()
+    cfg, mods = up["config"], up["modules"]
+    gen_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        encoder = mods.SEANetEncoder(**cfg["_seanet_kwargs"])
+        mimi = up["MimiModel"](
+            encoder, mods.SEANetDecoder(**cfg["_seanet_kwargs"]),
+            up["quantization"].SplitResidualVectorQuantizer(**cfg["_quantizer_kwargs"]),
+            channels=1, sample_rate=24000, frame_rate=12.5, encoder_frame_rate=24000 / encoder.hop_length,
+            causal=True, resample_method="conv",
+            encoder_transformer=mods.transformer.ProjectedTransformer(device="cpu", **cfg["_transformer_kwargs"]),
+            decoder_transformer=mods.transformer.ProjectedTransformer(device="cpu", **cfg["_transformer_kwargs"]),
+        ).eval()
+        if checkpoint is None:
+            with torch.no_grad():
+                for name, buf in mimi.named_buffers():
+                    if name.endswith("embedding_sum"):
+                        buf.normal_()
+        elif checkpoint.endswith(".safetensors"):
+            from safetensors.torch import load_file  # only for moshi's released checkpoint
+            mimi.load_state_dict(load_file(checkpoint))
+        else:
+            mimi.load_state_dict(torch.load(checkpoint, map_location="cpu", weights_only=True))
+    finally:
+        torch.random.set_rng_state(gen_state)
+    mimi.set_num_codebooks(N_Q)
+    return mimi
+
+
+# ----------------------------------------------------------------------- state binding
+def decode_streaming_modules(mimi) -> list[tuple[str, Any]]:
+    """(name, module) of every streaming module a decode touches, in module order."""
+    streaming = upstream_modules()["StreamingModule"]
+    return [(n, m) for n, m in mimi.named_modules()
+            if isinstance(m, streaming) and (n == "" or n.split(".")[0] in DECODE_PATH)]
+
+
+def _state_fields(mimi) -> dict[str, tuple | list]:
+    """Region -> the (dataclass, field) it backs, or a list of them (one per leading index)."""
+    states = {n: m._streaming_state for n, m in decode_streaming_modules(mimi)}
+    attn = [states[ATTN.format(i)] for i in range(LAYERS)]
+    return {"kv": [(a.kv_cache, "cache") for a in attn], "kv_end": [(a.kv_cache, "end_offset") for a in attn],
+            "attn_offset": [(a, "offset") for a in attn],
+            "offsets": (states["decoder_transformer.transformer"], "offsets"),
+            "exec_mask": [(s, "exec_mask") for s in states.values()],
+            **{name: (states[module], field) for name, module, field, _ in CONV_CARRIES}}
+
+
+def bind_state(mimi, state: Mapping[str, torch.Tensor]) -> None:
+    """Point moshi's state dataclasses at ``state`` (region name -> tensor) and its slices."""
+    for region, target in _state_fields(mimi).items():
+        for i, (obj, field) in enumerate(target if isinstance(target, list) else [target]):
+            setattr(obj, field, state[region][i] if isinstance(target, list) else state[region])
+
+
+def read_state(mimi) -> dict[str, torch.Tensor]:
+    """The declared regions as moshi holds them (per-layer tensors stacked: copies)."""
+    return {region: torch.stack([getattr(*t) for t in target]) if isinstance(target, list) else getattr(*target)
+            for region, target in _state_fields(mimi).items()}
+
+
+def streaming_twin(mimi):
+    """A module tree sharing ``mimi``'s parameters and buffers but not its streaming
+    state: the decode path gets its own, moshi-initialised, state dataclasses."""
+    streaming = upstream_modules()["StreamingModule"]
+    memo: dict[int, Any] = {}
+
+    def twin(m):
+        if id(m) not in memo:
+            c = memo[id(m)] = copy.copy(m)
+            c._modules = {k: None if v is None else twin(v) for k, v in m._modules.items()}
+            c._parameters, c._buffers = dict(m._parameters), dict(m._buffers)
+            if isinstance(m, streaming):
+                c._streaming_state, c._cached_children = None, None
+        return memo[id(m)]
+    out = twin(mimi)
+    for _, m in decode_streaming_modules(out):
+        m._streaming_state = m._init_streaming_state(1)
+    return out
+
+
+def check_declaration(mimi) -> None:
+    """Fail closed unless ``mimi``'s decode-path state is exactly the declared regions."""
+    for i in range(LAYERS):
+        attn = mimi.get_submodule(ATTN.format(i))
+        if attn.weights_per_step or len(attn.in_projs) != 1:
+            raise DeclarationError(f"{ATTN.format(i)} has weights per step: it reads the host-side "
+                                   f"offset_cpu, a clock phase this declaration does not carry")
+    from ..compiler import build_plan  # the declared shapes, exec_mask's count of streaming modules included
+    slots = {s.name: s for s in build_plan(explain_adapter()).layout.slots}
+    for region, t in read_state(streaming_twin(mimi)).items():
+        want = (slots[region].shape, slots[region].dtype)
+        if (tuple(t.shape), str(t.dtype).removeprefix("torch.")) != want:
+            raise DeclarationError(f"Mimi's {region} is {t.dtype} {tuple(t.shape)}; the declaration (released "
+                                   f"config, moshi {UPSTREAM_VERSION}) holds {want}: declare this config's shapes")
+
+
+def codes_tensor(codes, device) -> torch.Tensor:
+    """One frame of codes -> int64 [1, 8, 1], checked (an out-of-range id is a CUDA assert)."""
+    t = torch.as_tensor(codes if isinstance(codes, torch.Tensor) else list(codes))
+    if t.is_floating_point() or t.is_complex() or t.numel() != N_Q:
+        raise InputError(f"one Mimi frame is {N_Q} integer codes; got {t.dtype} of shape {tuple(t.shape)}")
+    if bool(((t < 0) | (t >= CARDINALITY)).any()):
+        raise InputError(f"Mimi codes must be ints in [0, {CARDINALITY}); got {t.reshape(-1).tolist()}")
+    return t.reshape(1, N_Q, 1).to(device=device, dtype=torch.int64)
+
+
+def pcm_bytes(wav: np.ndarray) -> bytes:
+    """float [-1, 1] -> int16 little-endian (clip, scale by 32767), as for Token2Wav."""
+    return (np.clip(wav, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+
+
+def synthetic_codes(n_frames: int, seed: int = 0) -> list[tuple[list[int], bool]]:
+    """``n_frames`` seeded frames of 8 codes, as (codes, last) pairs."""
+    codes = torch.randint(0, CARDINALITY, (n_frames, N_Q), generator=torch.Generator().manual_seed(30_000 + seed))
+    return [(row.tolist(), False) for row in codes]
+
+
+class _Stream:
+    """What the stock and optimized decoders share: one frame of codes in, 1,920 samples out."""
+
+    def stream(self, codes, last_chunk: bool = False, return_waveform: bool = False):
+        if last_chunk:
+            raise InputError("Mimi has no flush frame: every frame is one decode")
+        self.last_speech = self._decode(codes_tensor(codes, self.device))  # [1, 1920] float
+        wav = self.last_speech.cpu().numpy()
+        return wav if return_waveform else pcm_bytes(wav)
+
+
+@native_clock(**MIMI_DECLARATION)
+class MimiDecoder(_Stream):
+    """The stock streaming decoder: ``mimi.decode`` inside ``mimi.streaming(1)``, a frame a call.
+
+    ``stream(codes)`` takes 8 codes and returns 1,920 samples (int16 PCM bytes, or
+    the float waveform with ``return_waveform``); ``reset()`` starts a new stream.
+    """
+
+    def __init__(self, mimi):
+        self.mimi, self._eager = mimi, upstream_modules()["eager"]
+        self.reset()
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.mimi.parameters()).device
+
+    def reset(self) -> None:
+        if self.mimi.is_streaming:
+            self.mimi._stop_streaming()
+        self.mimi.streaming_forever(1)
+        with torch.no_grad(), self._eager():  # the first decode registers the codebooks' _embedding
+            self.mimi.quantizer.decode(torch.zeros(1, N_Q, 1, dtype=torch.int64, device=self.device))
+
+    @torch.no_grad()
+    def _decode(self, codes: torch.Tensor) -> torch.Tensor:
+        with self._eager():
+            return self.mimi.decode(codes)[0]
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return read_state(self.mimi)
+
+
+# --------------------------------------------------------------------------- adapter
+class MimiAdapter(StreamingAdapter):
+    """The decode step on a streaming twin of the model (``mimi=None``: planning only)."""
+
+    signature = StepSignature(inputs=("codes",), regions=CARRIED, outputs=("pcm",))
+
+    def __init__(self, mimi, device="cpu"):
+        self.declaration = get_declaration(MimiDecoder)
+        self.mimi, self._device = mimi, torch.device(device)
+        if mimi is not None:
+            check_declaration(mimi)
+            self._eager = upstream_modules()["eager"]
+            with torch.no_grad(), self._eager():  # the codebooks' lazy _embedding, before any trace
+                mimi.quantizer.decode(torch.zeros(1, N_Q, 1, dtype=torch.int64, device=self._device))
+
+    def dims(self) -> dict[str, int]:
+        return dict(DIMS)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float32
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def input_specs(self) -> dict[str, TensorSpec]:
+        return {"codes": TensorSpec.contiguous((1, N_Q, 1), "int64", str(self.device))}
+
+    def example_inputs(self) -> dict[str, torch.Tensor]:
+        return {"codes": codes_tensor(synthetic_codes(1)[0][0], self.device)}
+
+    def bind(self, buffers: Mapping[str, torch.Tensor]):
+        def step(inputs, state):
+            bind_state(self.mimi, state)
+            with self._eager():
+                pcm = self.mimi.decode(inputs["codes"])[0]
+            return {"pcm": pcm}, dict(state)  # the state, updated in place
+        return step
+
+    def fallback(self, inputs, state, **flags):
+        """Any frame, eagerly, on the arena state itself (moshi updates it in place)."""
+        return self.bind({})(inputs, state)
+
+    def step_boundary(self):
+        """Rules R/SR: one decode is one step, so a step's graph is the frame's graph (as SRc)."""
+        return lambda node: "decode"
+
+    def callable_verdicts(self) -> tuple:
+        return (ScopeVerdict("decode", "callable", "in", "codes [1, 8, 1]: every offset is a device tensor, "
+                             "so one graph serves every frame, before and after the ring wraps"),
+                ScopeVerdict("encode", "callable", "out", "not declared: its state is off the decode path "
+                             "(stock streaming allocates it, the optimized decoder does not)"))
+
+    def stock_state_bytes(self) -> int:
+        """What ``mimi.streaming(1)`` holds for the same decode-path state (already demand-sized)."""
+        from ..plan import make_plan
+        return sum(s.nbytes for s in make_plan(self.declaration, self.dims(), self.input_specs()).layout.slots)
+
+
+def explain_adapter(device="cpu") -> MimiAdapter:
+    """An adapter good for planning only: ``cadence-fx explain --model mimi`` builds no model."""
+    return MimiAdapter(None, device)
+
+
+class OptimizedMimi(_Stream):
+    """Drop-in for ``MimiDecoder`` built by ``cadence_fx.optimize``: the step is traced
+    once; each stream (``reset()``) keeps its state in one arena, bound to a twin of
+    the module tree that shares the stock model's parameters."""
+
+    def __init__(self, decoder: MimiDecoder, rules: str = "S", progress=None):
+        from ..compiler import check_rules, compile_executable
+        self.rules = check_rules(rules, decoder.device)
+        self.mimi = streaming_twin(decoder.mimi)  # after the stock's warm-up: shares its _embedding
+        self.adapter = MimiAdapter(self.mimi, decoder.device)
+        self._initial = read_state(streaming_twin(self.mimi))  # moshi's initial state (zeros, masks on)
+        self.executable = compile_executable(self.adapter, self.rules, progress)
+        self.session = None
+        self.reset()
+
+    @property
+    def device(self) -> torch.device:
+        return self.adapter.device
+
+    def reset(self) -> None:
+        """A new stream: a fresh arena holding moshi's initial state."""
+        from ..runtime.arena import Arena
+        from ..runtime.session import Session
+        arena = Arena(self.executable.plan.layout, self.device)
+        extents = {r: CONTEXT if r == "kv" else None for r in CARRIED}
+        session = Session(self.executable, arena, self.adapter.fallback, extents)
+        session.prepare_replay(self.adapter.example_inputs())  # rules R: capture, then zero the arena
+        for r, t in self._initial.items():
+            arena.view(r, extents[r]).copy_(t)
+        if self.session is not None:
+            self.session.close()
+        self.session = session
+
+    def _decode(self, codes: torch.Tensor) -> torch.Tensor:
+        return self.session.step({"codes": codes})["pcm"]
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return self.session.state()
+
+    def stats(self) -> dict:
+        return self.session.stats()
+
+    @property
+    def arena_bytes(self) -> int:
+        return self.session.arena.nbytes
