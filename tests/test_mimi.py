@@ -129,11 +129,13 @@ def test_other_seed_via_cli_and_an_eager_fallback_are_exact(mm, optimized, capsy
     frames = mm.synthetic_codes(3, seed=6)
     for i, (codes, _) in enumerate(frames):
         wav = stock.stream(codes, return_waveform=True)
-        t = torch.tensor(codes).reshape(1, 1, 8).transpose(1, 2) if i == 1 else mm.codes_tensor(codes, "cpu")
+        # every other element of a [1, 16, 1] tensor: strides (16, 2, 1), not (8, 1, 1)
+        t = torch.tensor(codes).repeat_interleave(2).reshape(1, 16, 1)[:, ::2] if i == 1 \
+            else mm.codes_tensor(codes, "cpu")
         out = opt.session.step({"codes": t})["pcm"]
         assert torch.equal(out, stock.last_speech) and wav.shape == (1, 1920)
         assert all(torch.equal(stock.state()[k], v) for k, v in opt.state().items())
-    assert list(opt.stats()["fallbacks"]) == ["input 'codes' stride (8, 1, 8) != catalog (8, 1, 1)"]
+    assert list(opt.stats()["fallbacks"]) == ["input 'codes' stride (16, 2, 1) != catalog (8, 1, 1)"]
 
 
 @needs_moshi

@@ -339,6 +339,10 @@ class OptimizedMimi(_Stream):
     def __init__(self, decoder: MimiDecoder, rules: str = "S", progress=None):
         from ..compiler import check_rules, compile_executable
         self.rules = check_rules(rules, decoder.device)
+        if "S" not in self.rules:
+            from ..errors import RulesError
+            raise RulesError(f"rules {rules!r} (replay over stock-managed state) are not built for Mimi: moshi keeps "
+                             f"its state in streaming dataclasses, not module buffers; use S, SR or SRc")
         self.mimi = streaming_twin(decoder.mimi)  # after the stock's warm-up: shares its _embedding
         self.adapter = MimiAdapter(self.mimi, decoder.device)
         self._initial = read_state(streaming_twin(self.mimi))  # moshi's initial state (zeros, masks on)
@@ -376,3 +380,8 @@ class OptimizedMimi(_Stream):
     @property
     def arena_bytes(self) -> int:
         return self.session.arena.nbytes
+
+    @property
+    def state_bytes(self) -> int:
+        """Device memory held for the stream's state (the arena)."""
+        return self.session.state_bytes
