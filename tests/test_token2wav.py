@@ -129,6 +129,9 @@ def test_bad_input_is_rejected_and_loses_no_state():
         s2.tokens_tensor([1, 2, 6561], "cpu")
     with pytest.raises(cadence_fx.InputError, match="must be integers"):
         s2.tokens_tensor(torch.ones(3), "cpu")
+    # the plan for another prompt length, without tracing anything
+    text = opt.explain(2 * 7)
+    assert "estimator_att_cache" in text and "K=3" in text and opt._executables == {}
     with pytest.raises(cadence_fx.RulesError, match="need a CUDA device"):
         cadence_fx.optimize(s2.Token2WavTail(flow, hift), rules="SRc")
     with pytest.raises(cadence_fx.RulesError, match="unknown rules"):
