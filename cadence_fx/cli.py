@@ -213,6 +213,14 @@ def main(argv: list[str] | None = None) -> int:
                                      "(CUDA parts not yet run on a GPU)")
     add_bench_args(p)
     p.set_defaults(fn=cmd_bench)
+    from .serve import add_serve_args, cmd_serve_sim, cmd_soak
+    p = sub.add_parser("serve-sim", help="N sessions on a virtual 1 s cadence: SPEAK time, deadline misses, "
+                                         "peak memory, stock vs optimized (--sweep: the largest N that holds)")
+    add_serve_args(p)
+    p.set_defaults(fn=cmd_serve_sim)
+    p = sub.add_parser("soak", help="one optimized session for many chunks: flat memory, exact checkpoints")
+    add_serve_args(p, soak_cmd=True)
+    p.set_defaults(fn=cmd_soak)
     args = parser.parse_args(argv)
     if getattr(args, "chunks", 1) < 1:
         parser.error("--chunks must be >= 1")
