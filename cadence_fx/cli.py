@@ -1,4 +1,4 @@
-"""``cadence-fx`` / ``python -m cadence_fx``: explain, verify, demo, bench.
+"""``cadence-fx`` / ``python -m cadence_fx``: explain, verify, demo, bench, serve-sim, soak.
 
 The models are built from the upstream PyPI packages at their released
 configuration with seeded random weights (``--checkpoint DIR`` loads real ones).

@@ -651,6 +651,8 @@ class Token2WavSession:
     def close(self) -> None:
         """Release the arena and graphs (once nothing else holds them); idempotent."""
         if self.session is not None:
+            if self.cuda_stream is not None:
+                self.cuda_stream.synchronize()  # its arena and speaker vector are freed next
             self._final_stats = self.session.stats()
             self.session.close()
             self.session = None
