@@ -1,4 +1,4 @@
-"""``cadence-fx`` / ``python -m cadence_fx``: explain, verify, demo, bench.
+"""``cadence-fx`` / ``python -m cadence_fx``: explain, verify, demo, bench, serve-sim, soak.
 
 The models are built from the upstream PyPI packages at their released
 configuration with seeded random weights (``--checkpoint DIR`` loads real ones).
@@ -248,6 +248,14 @@ def main(argv: list[str] | None = None) -> int:
                                      "blocks interleaved, exactness vs stock (CUDA parts not yet run on a GPU)")
     add_bench_args(p)
     p.set_defaults(fn=cmd_bench)
+    from .serve import add_serve_args, cmd_serve_sim, cmd_soak
+    p = sub.add_parser("serve-sim", help="N sessions on a virtual 1 s cadence: SPEAK time, deadline misses, "
+                                         "peak memory, stock vs optimized (--sweep: the largest N that holds)")
+    add_serve_args(p)
+    p.set_defaults(fn=cmd_serve_sim)
+    p = sub.add_parser("soak", help="one optimized session for many chunks: flat memory, exact checkpoints")
+    add_serve_args(p, soak_cmd=True)
+    p.set_defaults(fn=cmd_soak)
     args = parser.parse_args(argv)
     if getattr(args, "chunks", 1) < 1:
         parser.error("--chunks must be >= 1")

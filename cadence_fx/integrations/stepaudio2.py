@@ -463,6 +463,13 @@ class OptimizedToken2Wav:
     buffers instead, as a second stock model would.  Graphs are built on the first
     ``set_stream_cache`` for a prompt length and reused for later streams of that
     length.
+
+    Many streams on one set of weights: ``open_session(...)`` returns a
+    ``Token2WavSession`` with its own state (arena, or under R/Rc its own copies),
+    clock position, counters and captured graphs; the executables are shared by
+    prompt length.  The drop-in API (``set_stream_cache``/``stream``) drives one
+    default session.  Under R/Rc the sessions share the model's stock-sized buffers
+    as scratch, so they must not step concurrently.
     """
 
     def __init__(self, tail: Token2WavTail, rules: str = "S", progress=None):
@@ -483,6 +490,7 @@ class OptimizedToken2Wav:
         self.session = None
         self.spk = None
         self.prompt_frames = None
+        self._opened = 0  # sessions opened by open_session (for their names)
 
     @property
     def device(self) -> torch.device:
@@ -504,27 +512,44 @@ class OptimizedToken2Wav:
         spk = torch.zeros(1, 192, device=self.device)
         return build_plan(self._adapter(prompt_frames, spk)).explain()
 
-    @torch.inference_mode()
-    def set_stream_cache(self, prompt_tokens: torch.Tensor, prompt_mels: torch.Tensor, spk: torch.Tensor) -> None:
+    def _new_session(self, prompt_tokens: torch.Tensor, prompt_mels: torch.Tensor, spk: torch.Tensor):
+        """A set-up runtime session (both APIs construct sessions here only)."""
         from ..compiler import open_session
         _check_prompt(prompt_tokens, prompt_mels, spk, self.device)
-        # the current stream stays usable until the new one is fully set up
         prompt_frames = int(prompt_mels.shape[1])
         exe = self.executable(prompt_frames, spk)
-        session = open_session(exe, self._adapter(prompt_frames, spk), prompt_tokens, prompt_mels, spk)
+        return open_session(exe, self._adapter(prompt_frames, spk), prompt_tokens, prompt_mels, spk)
+
+    @torch.inference_mode()
+    def open_session(self, prompt_tokens: torch.Tensor, prompt_mels: torch.Tensor, spk: torch.Tensor,
+                     *, stream=None) -> "Token2WavSession":
+        """A new stream on these weights: ``set_stream_cache`` without replacing any other stream.
+
+        ``stream`` (CUDA only; ignored on CPU): a ``torch.cuda.Stream`` this session's
+        steps are launched on, so several sessions' replays may overlap on one GPU
+        (``Token2WavSession.submit``).  The speaker vector is copied: the caller may
+        reuse its tensor.
+        """
+        session = self._new_session(prompt_tokens, prompt_mels, spk)
+        self._opened += 1
+        return Token2WavSession(session, spk.clone(), int(prompt_mels.shape[1]), self.device,
+                                stream=stream, name=f"session {self._opened}")
+
+    @torch.inference_mode()
+    def set_stream_cache(self, prompt_tokens: torch.Tensor, prompt_mels: torch.Tensor, spk: torch.Tensor) -> None:
+        # the current stream stays usable until the new one is fully set up
+        session = self._new_session(prompt_tokens, prompt_mels, spk)
         if self.session is not None:
             self.session.close()
-        self.spk, self.prompt_frames = spk, prompt_frames
+        self.spk, self.prompt_frames = spk, int(prompt_mels.shape[1])
         self.session = session
 
     @torch.inference_mode()
     def stream(self, generated_speech_tokens, last_chunk: bool = False, return_waveform: bool = False):
         if self.session is None:
             raise ValueError("stream_cache is not set: call set_stream_cache(prompt_tokens, prompt_mels, spk) first")
-        token = tokens_tensor(generated_speech_tokens, self.device)
-        out = self.session.step({"token": token, "spk": self.spk}, last_chunk=last_chunk)
-        self.last_speech = out["speech"]
-        wav = out["speech"].cpu().numpy()
+        self.last_speech = step_chunk(self.session, self.spk, self.device, generated_speech_tokens, last_chunk)
+        wav = self.last_speech.cpu().numpy()
         return wav if return_waveform else pcm_bytes(wav)
 
     def state(self) -> dict[str, torch.Tensor]:
@@ -550,21 +575,160 @@ class OptimizedToken2Wav:
             self.session.close()
 
 
+class PendingChunk:
+    """One submitted chunk: its speech is on the device, maybe still being computed."""
+
+    def __init__(self, speech: torch.Tensor, stream):
+        self.speech, self._stream = speech, stream
+
+    def result(self, return_waveform: bool = False):
+        """Wait for the chunk (its own CUDA stream only) and return PCM bytes or the waveform."""
+        with _on_stream(self._stream):
+            wav = self.speech.cpu().numpy()
+        return wav if return_waveform else pcm_bytes(wav)
+
+
+class Token2WavSession:
+    """One stream of an ``OptimizedToken2Wav``: ``open_session(...)`` makes it.
+
+    Per session: the arena (every carried region and scratch; rules R/Rc: copies of
+    the carried state), the clock position (region extents), the counters and, under
+    replay rules, the captured graphs (SR/SRc bind this arena by address) in their own
+    memory pool.  Shared by all sessions: the
+    weights and the executables (one per prompt length).  Not shared, and not held
+    per session: the random generators (HiFT draws noise from the global ones, as
+    upstream does), so a session's output depends on the generator state at each
+    call; seed before each chunk for reproducible output.
+    """
+
+    def __init__(self, session, spk: torch.Tensor, prompt_frames: int, device: torch.device,
+                 stream=None, name: str = "session"):
+        self.session, self.spk, self.prompt_frames, self.device = session, spk, prompt_frames, device
+        self.name = name
+        self.cuda_stream = stream if device.type == "cuda" else None
+        if self.cuda_stream is not None:
+            self.cuda_stream.wait_stream(torch.cuda.current_stream(device))  # setup ran on the current stream
+        self.last_speech: torch.Tensor | None = None
+        self._final_stats: dict | None = None
+
+    @property
+    def closed(self) -> bool:
+        return self.session is None
+
+    @torch.inference_mode()
+    def submit(self, tokens, last_chunk: bool = False) -> PendingChunk:
+        """Launch one chunk on this session's stream (CUDA) and return without waiting.
+
+        Every check (token ids, chunk length, closed session) runs on the host first:
+        a rejected chunk launches nothing and leaves the state as it was.
+        """
+        self._check_open("stream")
+        with _on_stream(self.cuda_stream):
+            self.last_speech = step_chunk(self.session, self.spk, self.device, tokens, last_chunk)
+        return PendingChunk(self.last_speech, self.cuda_stream)
+
+    def stream(self, tokens, last_chunk: bool = False, return_waveform: bool = False):
+        """Upstream's ``Token2wav.stream`` for this session: PCM bytes (or the waveform)."""
+        return self.submit(tokens, last_chunk).result(return_waveform)
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """Live views of the carried regions (no copies)."""
+        self._check_open("state")
+        return self.session.state()
+
+    def stats(self) -> dict:
+        """Counters (steps, graph runs, replays, fallbacks by reason); still readable after close."""
+        return self._final_stats if self.session is None else self.session.stats()
+
+    @property
+    def arena_bytes(self) -> int:
+        """Bytes of this session's state: its arena (rules R/Rc: its state copies)."""
+        return 0 if self.session is None else self.session.state_bytes
+
+    def close(self) -> None:
+        """Release the arena and graphs (once nothing else holds them); idempotent."""
+        if self.session is not None:
+            if self.cuda_stream is not None:
+                self.cuda_stream.synchronize()  # its arena and speaker vector are freed next
+            self._final_stats = self.session.stats()
+            self.session.close()
+            self.session = None
+            self.last_speech = None
+
+    def _check_open(self, what: str) -> None:
+        from ..errors import SessionClosed
+        if self.session is None:
+            raise SessionClosed(f"{self.name} is closed (close() was called): {what}() needs an open session; "
+                                f"open a new one with OptimizedToken2Wav.open_session(prompt_tokens, prompt_mels, spk)")
+
+    def __repr__(self) -> str:
+        return f"Token2WavSession({self.name!r}, prompt_frames={self.prompt_frames}, closed={self.closed})"
+
+
+def _on_stream(stream):
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+
+#: mel frames upstream's fixed attention buffers hold (``att_cache_buffer[..., :1000, :]``)
+STOCK_CACHE_FRAMES = 1000
+
+
+def step_chunk(session, spk: torch.Tensor, device, tokens, last_chunk: bool) -> torch.Tensor:
+    """Check a chunk on the host, then run one step of ``session``; the speech tensor."""
+    from ..errors import SessionClosed
+    if session.closed:
+        raise SessionClosed("the stream is closed (close() was called); start a new one with "
+                            "set_stream_cache(prompt_tokens, prompt_mels, spk) or open_session(...)")
+    token = tokens_tensor(tokens, device)
+    check_chunk_length(token.shape[1], last_chunk, int(session.state()["estimator_att_cache"].shape[4]))
+    return session.step({"token": token, "spk": spk}, last_chunk=last_chunk)["speech"]
+
+
+def check_chunk_length(n_tokens: int, last_chunk: bool, cache_frames: int) -> None:
+    """The chunk lengths upstream can run; any of them streams exactly.
+
+    The catalog holds 25 + 3 tokens (not last); any other length runs eagerly, bit
+    exact, counted as a fallback (and the next steps too, until the caches are
+    trimmed back onto the catalog).  Rejected, because upstream fails on them: a
+    chunk that is not last with no token past the 3 lookahead tokens (a conv error
+    upstream), and a chunk that would grow the attention caches past upstream's
+    1,000-frame buffers (an out-of-bounds write upstream).
+    """
+    from ..errors import InputError
+    if not last_chunk and n_tokens <= LOOKAHEAD_TOKENS:
+        raise InputError(f"a chunk that is not last needs more than its {LOOKAHEAD_TOKENS} lookahead tokens; "
+                         f"got {n_tokens} (send {CHUNK_TOKENS} + {LOOKAHEAD_TOKENS}, or pass last_chunk=True)")
+    new_frames = MEL_PER_TOKEN * (n_tokens if last_chunk else n_tokens - LOOKAHEAD_TOKENS)
+    if cache_frames + new_frames > STOCK_CACHE_FRAMES:
+        most = (STOCK_CACHE_FRAMES - cache_frames) // MEL_PER_TOKEN + (0 if last_chunk else LOOKAHEAD_TOKENS)
+        raise InputError(f"a chunk of {n_tokens} tokens would grow the attention caches from {cache_frames} to "
+                         f"{cache_frames + new_frames} mel frames; upstream's buffers hold {STOCK_CACHE_FRAMES} "
+                         f"(stock fails on it): send at most {most} tokens in this chunk")
+
+
 def tokens_tensor(tokens, device) -> torch.Tensor:
     """Upstream's ``torch.tensor([tokens], dtype=int32)``, with the checks a server needs.
 
     An out-of-vocabulary id is an out-of-range embedding index: on CUDA that is a
-    device-side assert that kills the process and every other stream on it.
+    device-side assert that kills the process and every other stream on it, so ids
+    are checked on the host before anything launches.  A token tensor may be of any
+    integer dtype, on any device with data, strided or not, of shape (n,) or (1, n):
+    its values are read out (a copy), so the caller may reuse or change it afterwards.
     """
     from ..errors import InputError
     if isinstance(tokens, torch.Tensor):
-        if tokens.is_floating_point() or tokens.is_complex():
+        if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
             raise InputError(f"speech tokens must be integers, got a {tokens.dtype} tensor")
+        if tokens.device.type == "meta":
+            raise InputError("the speech token tensor is on the meta device (it has no values)")
+        if not (tokens.dim() == 1 or (tokens.dim() == 2 and tokens.shape[0] == 1)):
+            raise InputError(f"a speech token tensor must be of shape (n,) or (1, n); got {tuple(tokens.shape)}")
         tokens = tokens.reshape(-1).tolist()
     tokens = list(tokens)
     if not tokens:
         raise InputError("empty token chunk: a chunk needs at least one speech token")
-    bad = [t for t in tokens if not isinstance(t, (int, np.integer)) or not 0 <= int(t) < VOCAB]
+    bad = [t for t in tokens if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer))
+           or not 0 <= int(t) < VOCAB]
     if bad:
         raise InputError(f"speech token ids must be ints in [0, {VOCAB}); got {bad[:5]}")
     return torch.tensor([tokens], dtype=torch.int32, device=device)

@@ -161,10 +161,12 @@ def capture_entry(parent: torch.fx.GraphModule, args: Sequence[Any], pool, arena
             return out
         return mod(*args_)
 
-    with torch.cuda.stream(stream):
-        run_graph(parent, args, call_module)
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
+    try:
+        with torch.cuda.stream(stream):
+            run_graph(parent, args, call_module)
+    finally:  # also on an error (e.g. out of memory): the caller zeroes the arena next
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
     return failed
 
 

@@ -130,13 +130,15 @@ class Session:
             return failed
         pool = torch.cuda.graph_pool_handle()  # one pool for all this session's graphs
         self._programs = {}
-        with torch.random.fork_rng(devices=[self._expect_device]):
+        devices = [self._expect_device] if self._expect_device.type == "cuda" else []  # the CPU generator always forks
+        with torch.random.fork_rng(devices=devices):
             for idx, program in sorted(self.executable.programs.items()):
                 parent = fresh_regions(program.run)
                 args = [example_inputs[n] for n in self.executable.inputs] + self._capture_state_args(program)
                 try:
                     failed[idx] = capture_entry(parent, args, pool, self._bound_storage())
-                except torch.OutOfMemoryError as e:  # capture must never crash a stream
+                except torch.OutOfMemoryError as e:  # capture must never crash a stream: the
+                    # entry's uncaptured regions run eagerly, each step counted ("not captured")
                     failed[idx] = {"*": f"out of memory while capturing: {e}"}
                 self._programs[idx] = dataclasses.replace(program, run=parent)
         self._reset_state()
@@ -163,7 +165,7 @@ class Session:
     @torch.no_grad()  # streaming state never records autograd history; grad mode is restored after
     def step(self, inputs: Mapping[str, torch.Tensor], **flags: Any) -> dict[str, torch.Tensor]:
         if self.closed:
-            raise SessionClosed("this session is closed; open a new one (OptimizedToken2Wav: set_stream_cache)")
+            raise SessionClosed("this session is closed (close() was called); open a new session to stream again")
         self._validate(inputs)
         entry = self._entry()
         if any(flags.values()):

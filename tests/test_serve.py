@@ -1,0 +1,465 @@
+"""Serving (issue 6): many sessions on one set of weights, bad input, faults, serve-sim,
+soak and placement -- rule S on the CPU, the real Token2Wav tail.
+
+The oracle is the stock streaming path run alone: each session's stream is first run
+by itself on the stock tail (from ``torch.manual_seed(seed_of(session, chunk))``
+before every chunk), and the interleaved optimized sessions must reproduce it bit
+for bit: ``torch.equal`` on every float waveform, SHA-256 of the bytes of every
+carried state tensor after every chunk (stricter than ``torch.equal``), and
+``torch.equal`` on every final state tensor.
+
+Cost: one ``OptimizedToken2Wav`` for the module (2 flow steps, prompt lengths 5 and 7:
+two traces), small prompts, few chunks.  ``OPTIMIZED`` catalog per prompt: att-cache
+extents 2P, 2P + 50, 2P + 100 frames.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import types
+
+import pytest
+import torch
+
+import cadence_fx
+from cadence_fx import cli, serve
+from cadence_fx.integrations import stepaudio2 as s2
+
+STEPS = 2  # flow-matching steps: the mechanisms under test do not depend on it; fewer = cheaper on CPU
+STEP_SLOTTED = ("estimator_cnn_cache", "estimator_att_cache")  # stock holds 16 step slots, live: STEPS
+
+
+@pytest.fixture(scope="module")
+def t2w():
+    flow, hift = s2.build_modules(0)
+    tail = s2.Token2WavTail(flow, hift, n_timesteps=STEPS)
+    return types.SimpleNamespace(tail=tail, opt=cadence_fx.optimize(tail))
+
+
+def seed_of(session: int, chunk: int) -> int:
+    return 1000 * session + chunk
+
+
+def digest(t: torch.Tensor) -> tuple:
+    return tuple(t.shape), t.dtype, hashlib.sha256(t.contiguous().numpy().tobytes()).hexdigest()
+
+
+def live_stock_state(tail) -> dict[str, torch.Tensor]:
+    return {k: v[:STEPS] if k in STEP_SLOTTED else v for k, v in tail.state().items()}
+
+
+def reference(tail, prompt, chunks, session: int) -> dict:
+    """The stream alone on the stock tail: per chunk the waveform and state digests; the final state."""
+    tail.set_stream_cache(*prompt)
+    waves, states = [], []
+    for k, (tokens, last) in enumerate(chunks):
+        torch.manual_seed(seed_of(session, k))
+        tail.stream(tokens, last_chunk=last, return_waveform=True)
+        waves.append(tail.last_speech.clone())
+        states.append({n: digest(t) for n, t in live_stock_state(tail).items()})
+    return {"waves": waves, "states": states, "final": {n: t.clone() for n, t in live_stock_state(tail).items()}}
+
+
+def assert_chunk_exact(ref: dict, k: int, speech: torch.Tensor, state: dict, where: str) -> None:
+    assert torch.equal(speech, ref["waves"][k]), f"{where}: waveform differs from stock"
+    got = {n: digest(t) for n, t in state.items()}
+    for n, want in ref["states"][k].items():
+        assert got[n] == want, f"{where}: state {n!r} differs from stock"
+
+
+def assert_final_exact(ref: dict, state: dict, where: str) -> None:
+    for n, t in ref["final"].items():
+        assert torch.equal(state[n], t), f"{where}: final state {n!r} differs from stock"
+
+
+def tokens_of(seed: int, n: int) -> list[int]:
+    return torch.randint(0, s2.VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+# ---------------------------------------------------------------- multi-session
+def test_interleaved_sessions_each_stream_exactly_as_alone(t2w):
+    """Three streams on one set of weights, round robin: two sessions (prompts of 5 and
+    7 tokens) and the drop-in single-stream API (5 tokens, the default session)."""
+    opt, tail = t2w.opt, t2w.tail
+    prompts = {0: s2.synthetic_prompt(5, seed=1), 1: s2.synthetic_prompt(7, seed=2), 2: s2.synthetic_prompt(5, seed=3)}
+    # 3 chunks: catalog entries 0, 1, 2 (warm-up, growth, steady: the caches are trimmed at chunk 2)
+    chunks = {0: s2.synthetic_chunks(3, seed=11),
+              1: s2.synthetic_chunks(1, seed=12, final_tokens=9),  # and a flush chunk: eager, counted
+              2: s2.synthetic_chunks(3, seed=13)}
+    refs = {s: reference(tail, prompts[s], chunks[s], s) for s in prompts}
+
+    a = opt.open_session(*prompts[0])
+    b = opt.open_session(*prompts[1])
+    streams = {0: a, 1: b}
+
+    def step(s: int, k: int) -> None:
+        tokens, last = chunks[s][k]
+        torch.manual_seed(seed_of(s, k))
+        if s == 2:
+            opt.stream(tokens, last_chunk=last, return_waveform=True)
+            speech, state = opt.last_speech, opt.state()
+        else:
+            streams[s].stream(tokens, last_chunk=last, return_waveform=True)
+            speech, state = streams[s].last_speech, streams[s].state()
+        assert_chunk_exact(refs[s], k, speech, state, f"stream {s} chunk {k}")
+
+    step(0, 0)
+    step(1, 0)
+    opt.set_stream_cache(*prompts[2])  # a stream set up while others are mid-way loses nothing
+    done = {0: 1, 1: 1, 2: 0}
+    while any(done[s] < len(chunks[s]) for s in chunks):
+        for s in chunks:
+            if done[s] < len(chunks[s]):
+                step(s, done[s])
+                done[s] += 1
+    assert_final_exact(refs[0], a.state(), "session a")
+    assert_final_exact(refs[1], b.state(), "session b")
+    assert_final_exact(refs[2], opt.state(), "default session")
+
+    # weights and executables shared (one per prompt length), arenas and counters per session
+    assert len(opt._executables) == 2
+    assert a.session.executable is opt.session.executable is not b.session.executable
+    ptrs = {x.arena.storage.data_ptr() for x in (a.session, b.session, opt.session)}
+    assert len(ptrs) == 3
+    assert a.stats()["graph_runs"] == {"0": 1, "1": 1, "2": 1} and a.stats()["fallback_total"] == 0
+    assert b.stats()["fallbacks"] == {"flags last_chunk outside the catalog (eager)": 1}
+    assert opt.stats()["graph_runs"] == {"0": 1, "1": 1, "2": 1}
+    assert a.prompt_frames == 10 and b.prompt_frames == 14
+    a.close()
+    b.close()
+
+
+# ------------------------------------------------------------ bad input, faults
+@pytest.fixture(scope="module")
+def pair(t2w):
+    """Two sessions (prompt 5), each one chunk in, exact; with their stock references."""
+    prompts = {3: s2.synthetic_prompt(5, seed=4), 4: s2.synthetic_prompt(5, seed=5)}
+    x_chunks = [(tokens_of(40, 28), False), (tokens_of(41, 20), False),  # 20 tokens, not last: off the catalog
+                (tokens_of(42, 28), False), (tokens_of(43, 28), False)]
+    y_chunks = [(tokens_of(50, 28), False), (tokens_of(51, 28), False)]
+    refs = {3: reference(t2w.tail, prompts[3], x_chunks, 3), 4: reference(t2w.tail, prompts[4], y_chunks, 4)}
+    spk = prompts[3][2].clone()
+    x = t2w.opt.open_session(prompts[3][0], prompts[3][1], spk)
+    y = t2w.opt.open_session(*prompts[4])
+    spk.add_(1.0)  # the caller reuses its speaker tensor: the session holds its own copy
+    for s, session, chunks in ((3, x, x_chunks), (4, y, y_chunks)):
+        torch.manual_seed(seed_of(s, 0))
+        session.stream(chunks[0][0], return_waveform=True)
+        assert_chunk_exact(refs[s], 0, session.last_speech, session.state(), f"session {s} chunk 0")
+    return types.SimpleNamespace(x=x, y=y, refs=refs, x_chunks=x_chunks, y_chunks=y_chunks, prompts=prompts)
+
+
+def snapshot(*sessions) -> list:
+    return [(s.session.arena.storage.clone(), dict(s.session.extents), s.stats()) for s in sessions]
+
+
+def assert_unchanged(before: list, sessions) -> None:
+    for (storage, extents, stats), s in zip(before, sessions):
+        assert torch.equal(s.session.arena.storage, storage), f"{s.name}: arena changed"
+        assert s.session.extents == extents and s.stats() == stats, f"{s.name}: clock or counters changed"
+
+
+def _strided(tokens: list[int], dtype=torch.int16) -> torch.Tensor:
+    wide = torch.zeros(len(tokens), 2, dtype=dtype)
+    wide[:, 0] = torch.tensor(tokens, dtype=dtype)
+    t = wide[:, 0]
+    assert not t.is_contiguous()
+    return t
+
+
+BAD_CHUNKS = [
+    ([6561] * 28, r"speech token ids must be ints in \[0, 6561\); got \[6561, 6561"),
+    ([-1] + [5] * 27, r"ints in \[0, 6561\); got \[-1\]"),
+    ([1.0] * 28, r"ints in \[0, 6561\); got \[1.0"),
+    ([True] * 28, r"ints in \[0, 6561\); got \[True"),
+    ([], "empty token chunk"),
+    (torch.ones(28), "speech tokens must be integers, got a torch.float32 tensor"),
+    (torch.ones(28, dtype=torch.bool), "must be integers, got a torch.bool tensor"),
+    (torch.zeros(28, dtype=torch.int32, device="meta"), "on the meta device"),
+    (torch.zeros(2, 14, dtype=torch.int64), r"shape \(n,\) or \(1, n\); got \(2, 14\)"),
+    ([7, 7, 7], "a chunk that is not last needs more than its 3 lookahead tokens; got 3"),
+    ([7] * 500, "would grow the attention caches from 60 to 1054 mel frames; upstream's buffers hold 1000"),
+]
+
+
+@pytest.mark.parametrize("tokens, message", BAD_CHUNKS, ids=[m[:30] for _, m in BAD_CHUNKS])
+def test_bad_chunk_is_rejected_before_launch_and_changes_no_session(pair, tokens, message):
+    before = snapshot(pair.x, pair.y)
+    with pytest.raises(cadence_fx.InputError, match=message):
+        pair.x.stream(tokens)
+    assert_unchanged(before, (pair.x, pair.y))
+
+
+def test_bad_prompt_opens_nothing_and_changes_no_session(t2w, pair):
+    pt, pm, spk = pair.prompts[3]
+    before = snapshot(pair.x, pair.y)
+    for bad, message in [((pt, pm.clone().index_fill_(1, torch.tensor([3]), float("nan")), spk), "prompt_mels holds NaN"),
+                         ((pt, pm, torch.full_like(spk, float("inf"))), "spk holds NaN or inf"),
+                         ((pt, pm.to("meta"), spk), "prompt_mels is on meta"),
+                         ((pt.float(), pm, spk), "prompt_tokens must be int32/int64"),
+                         ((pt + s2.VOCAB, pm, spk), r"prompt_tokens must be ids in \[0, 6561\)")]:
+        with pytest.raises(cadence_fx.InputError, match=message):
+            t2w.opt.open_session(*bad)
+    assert_unchanged(before, (pair.x, pair.y))
+
+
+def test_odd_inputs_stream_exactly_and_off_catalog_chunks_are_counted(pair):
+    """A 20-token chunk that is not last is outside the catalog: it runs eagerly, bit
+    exact, counted; the next chunk (caches off the catalog) too; then the trim brings
+    the caches back onto the steady entry.  A strided int16 token tensor is read out
+    (a copy), as a list would be; the speaker tensor changed by the caller after
+    ``open_session`` does not reach the session."""
+    x, ref = pair.x, pair.refs[3]
+    inputs = {1: pair.x_chunks[1][0], 2: _strided(pair.x_chunks[2][0]), 3: torch.tensor([pair.x_chunks[3][0]])}
+    for k in (1, 2, 3):
+        torch.manual_seed(seed_of(3, k))
+        x.stream(inputs[k], return_waveform=True)
+        assert_chunk_exact(ref, k, x.last_speech, x.state(), f"session x chunk {k}")
+    assert_final_exact(ref, x.state(), "session x")
+    assert x.stats()["fallbacks"] == {"input 'token' shape (1, 20) != catalog (1, 28)": 1,
+                                      "state extents outside the catalog": 1}
+    assert x.stats()["graph_runs"] == {"0": 1, "2": 1}
+    # the other session was not touched by any of it
+    torch.manual_seed(seed_of(4, 1))
+    pair.y.stream(pair.y_chunks[1][0], return_waveform=True)
+    assert_chunk_exact(pair.refs[4], 1, pair.y.last_speech, pair.y.state(), "session y chunk 1")
+
+
+def test_closed_session_names_itself_and_others_go_on(t2w, pair):
+    s = t2w.opt.open_session(*pair.prompts[4])
+    s.close()
+    s.close()  # idempotent
+    for call in (lambda: s.stream(pair.y_chunks[0][0]), lambda: s.submit([1] * 28), s.state):
+        with pytest.raises(cadence_fx.SessionClosed, match=rf"{s.name} is closed \(close\(\) was called\).*open_session"):
+            call()
+    assert s.stats()["steps"] == 0 and s.arena_bytes == 0 and s.session is None  # arena released
+    assert "closed=True" in repr(s)
+    # the drop-in API's stream, closed
+    t2w.opt.set_stream_cache(*pair.prompts[4])
+    t2w.opt.close()
+    with pytest.raises(cadence_fx.SessionClosed, match=r"the stream is closed .*set_stream_cache"):
+        t2w.opt.stream(pair.y_chunks[0][0])
+
+
+# ------------------------------------------------ out of memory while capturing
+def test_out_of_memory_while_capturing_leaves_that_entry_eager_and_counted(monkeypatch):
+    """``Session.prepare_replay`` on the CPU (the lowest level that runs without CUDA):
+    the toy compiled for per-chunk replay (its regions lowered to ``CapturedRegion``),
+    ``capture_entry`` faked to run into the arena, draw from the generator, and fail
+    with out of memory on entry 1.  The failure is recorded, the generators and the
+    arena are as before, and the stream is exact (uncaptured regions run eagerly,
+    each run counted: on the CPU nothing is ever captured, so every entry's are)."""
+    from cadence_fx import compiler
+    from cadence_fx.runtime import graphs
+    from cadence_fx.runtime.graphs import CapturedRegion
+    from toy_models import ToyAdapter, assert_stream_exact, make_toy, toy_inputs, toy_prompt
+
+    monkeypatch.setattr(compiler, "check_rules", lambda rules, device: rules)  # lower for replay on the CPU
+    adapter = ToyAdapter(make_toy(4), 2)
+    exe = compiler.compile_executable(adapter, "SRc")
+    assert all(p.kind == "cudagraph" for p in exe.programs.values())
+    assert all(any(isinstance(m, CapturedRegion) for m in p.run.children()) for p in exe.programs.values())
+
+    calls = []
+
+    def capture_entry(parent, args, pool, arena_ptr):
+        calls.append(pool)
+        for a in args:
+            if isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == arena_ptr:
+                a.fill_(3.0)  # the warm-up run writes into the arena
+        torch.rand(5)  # and draws
+        if len(calls) == 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return {}
+
+    monkeypatch.setattr(graphs, "capture_entry", capture_entry)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
+    rng = torch.random.get_rng_state()
+    prompt = toy_prompt(2)
+    session = adapter.open_session(exe, prompt)
+    assert torch.equal(torch.random.get_rng_state(), rng), "capture moved the generator"
+    assert calls == ["pool"] * 3  # one pool for the session, every entry attempted
+    assert session.capture_failures == {0: {}, 1: {"*": "out of memory while capturing: CUDA out of memory. "
+                                                         "Tried to allocate 2.00 GiB"}, 2: {}}
+    stock = make_toy(4)
+    with torch.no_grad():
+        stock_state = stock.setup(prompt)
+    for i, x in enumerate(toy_inputs(5, seed=3)):
+        rng = torch.random.get_rng_state()
+        with torch.no_grad():
+            stock_out, stock_state = stock.stream(x, stock_state, 2)
+        torch.random.set_rng_state(rng)
+        opt_out = session.step(x)
+        assert_stream_exact(session.state(), stock_state, stock_out, opt_out, f"step {i}")
+    fallbacks = session.stats()["fallbacks"]
+    assert fallbacks and all(r.startswith("region refused replay: submod_") and r.endswith(": not captured")
+                             for r in fallbacks)
+    assert session.stats()["replays"] == {}
+
+
+@pytest.fixture
+def deterministic():
+    """The protocol stock eager needs to be bit-reproducible on a GPU; restored after."""
+    from cadence_fx.verify import deterministic_protocol
+    was, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    deterministic_protocol()
+    yield
+    torch.use_deterministic_algorithms(was, warn_only=warn_only)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="capture needs CUDA")
+def test_out_of_memory_while_capturing_on_cuda_replays_the_other_entries(monkeypatch, deterministic):
+    """The real capture for entries 0 and 2, out of memory for entry 1: entry 1's steps
+    run eagerly (counted), the others replay; every step bit-exact against stock."""
+    from cadence_fx.compiler import compile_executable
+    from cadence_fx.runtime import graphs
+    from toy_models import ToyAdapter, assert_stream_exact, make_toy, toy_inputs, toy_prompt
+
+    dev = torch.device("cuda")
+    adapter = ToyAdapter(make_toy(4).to(dev), 2)
+    exe = compile_executable(adapter, "SRc")
+    real, calls = graphs.capture_entry, []
+
+    def capture_entry(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        return real(*args)
+
+    monkeypatch.setattr(graphs, "capture_entry", capture_entry)
+    session = adapter.open_session(exe, toy_prompt(2).to(dev))
+    monkeypatch.undo()
+    assert session.capture_failures == {0: {}, 1: {"*": "out of memory while capturing: CUDA out of memory (injected)"},
+                                        2: {}}
+    stock = make_toy(4).to(dev)
+    with torch.no_grad():
+        stock_state = stock.setup(toy_prompt(2).to(dev))
+    for i, x in enumerate(toy_inputs(6, seed=3)):
+        x = {k: v.to(dev) for k, v in x.items()}
+        rng = (torch.random.get_rng_state(), torch.cuda.get_rng_state())
+        with torch.no_grad():
+            stock_out, stock_state = stock.stream(x, stock_state, 2)
+        torch.random.set_rng_state(rng[0])
+        torch.cuda.set_rng_state(rng[1])
+        opt_out = session.step(x)
+        assert_stream_exact(session.state(), stock_state, stock_out, opt_out, f"step {i}")
+    stats = session.stats()
+    assert stats["replays"].get("0") == 1 and stats["replays"].get("2", 0) >= 1 and "1" not in stats["replays"]
+    assert stats["fallbacks"] and all(r.endswith("not captured") for r in stats["fallbacks"])
+
+
+# -------------------------------------------------------------------- serve-sim
+def test_speaking_schedule_and_helpers():
+    assert serve.speaking_schedule("speak-heavy", 3, 2, 0) == [[0, 1, 2], [0, 1, 2]]
+    mixed = serve.speaking_schedule("mixed", 8, 20, 1)
+    assert mixed == serve.speaking_schedule("mixed", 8, 20, 1)  # seeded
+    assert 0 < sum(map(len, mixed)) < 8 * 20
+    with pytest.raises(cadence_fx.InputError, match="unknown mix 'loud'"):
+        serve.speaking_schedule("loud", 1, 1, 0)
+    assert serve.largest_holding([{"sessions": 1, "holds_cadence": True}, {"sessions": 2, "holds_cadence": True},
+                                  {"sessions": 3, "holds_cadence": False}]) == 2
+    assert serve.largest_holding([{"sessions": 1, "holds_cadence": False}]) == 0
+    feed = serve.TokenFeed(0, 1)
+    c0, c1 = feed.chunk(0), feed.chunk(1)
+    assert len(c0) == len(c1) == 28 and c0[25:] == c1[:3]  # the lookahead is the next chunk's start
+    assert feed.take() == (0, c0) and feed.take() == (1, c1)
+
+
+def test_serve_sim_cli_arguments():
+    with pytest.raises(SystemExit, match="--overlap launches sessions on their own CUDA streams"):
+        cli.main(["serve-sim", "--device", "cpu", "--overlap"])
+    with pytest.raises(SystemExit, match="--modes: choose from stock,optimized"):
+        cli.main(["serve-sim", "--modes", "fast"])
+    with pytest.raises(SystemExit) as e:
+        cli.main(["soak", "--help"])
+    assert e.value.code == 0
+
+
+def test_serve_sim_tiny_run_is_exact_and_reports_the_schema(t2w):
+    """N = 2 sessions, 2 ticks, speak-heavy: each optimized session's PCM is its stock
+    counterpart's (one stock tail per session, as upstream serves)."""
+    tail = t2w.tail
+
+    def make_stock(i):
+        return tail if i == 0 else s2.Token2WavTail(copy.deepcopy(tail.flow), copy.deepcopy(tail.hift),
+                                                    n_timesteps=STEPS)
+
+    cfg = serve.SimConfig(seconds=2, warmup_ticks=0)
+    report = serve.serve_sim_report(make_optimized=lambda: t2w.opt, make_stock=make_stock,
+                                    make_prompt=lambda i: s2.synthetic_prompt(5, seed=20 + i),
+                                    device=torch.device("cpu"), cfg=cfg, sessions=2, meta={"model": "token2wav"})
+    json.dumps(report)
+    assert report["exact"] is True and report["exact_sessions"] == [True, True]
+    assert list(report["modes"]) == ["optimized", "stock"]
+    for mode, r in report["modes"].items():
+        assert r["status"] == "ok" and r["sessions"] == 2 and r["ticks"] == 2 and r["chunks"] == 4
+        assert set(r["speak_ms"]) == {"mean", "p50", "p99", "max"} and len(r["speak_ms_per_tick"]) == 2
+        assert r["deadline_misses"] == sum(ms > 1000.0 for ms in r["speak_ms_per_tick"])
+        assert r["peak_memory_bytes"] is None  # CPU
+        assert len(r["pcm_sha256"]) == 2 and r["pcm_sha256"][0] != r["pcm_sha256"][1]
+    opt = report["modes"]["optimized"]
+    assert opt["fallbacks"] == {} and opt["capture_failures"] == {}
+    assert opt["arena_bytes_per_session"] > 0 and opt["weights_bytes"] > opt["arena_bytes_per_session"]
+    assert [s["steps"] for s in opt["stats"]] == [2, 2]
+    assert "max_sessions_holding_cadence" not in report
+
+
+def test_serve_sim_sweep_stops_at_the_first_miss(t2w, tmp_path):
+    cfg = serve.SimConfig(seconds=1, warmup_ticks=0, budget_ms=1e-3)  # nothing holds a 1 us budget
+    report = serve.serve_sim_report(make_optimized=lambda: t2w.opt, make_stock=None,
+                                    make_prompt=lambda i: s2.synthetic_prompt(5, seed=30 + i),
+                                    device=torch.device("cpu"), cfg=cfg, sessions=1, modes=["optimized"],
+                                    sweep_to=4, meta={"model": "token2wav", "rules": "S"})
+    points = report["sweep"]["optimized"]
+    assert len(points) == 1 and points[0]["status"] == "miss" and points[0]["deadline_misses"] == 1
+    assert report["max_sessions_holding_cadence"] == {"optimized": 0} and report["exact"] is None
+    png = serve.plot_sweep(report, str(tmp_path / "sweep.png"))
+    assert png is None or (tmp_path / "sweep.png").stat().st_size > 0
+
+
+# ------------------------------------------------------------------------- soak
+def test_soak_checkpoints_are_exact_against_stock_from_the_session_state(t2w):
+    prompt = s2.synthetic_prompt(5, seed=40)
+    report = serve.soak(t2w.opt, t2w.tail, prompt, chunks=7, check_every=3, seed=2)
+    json.dumps(report)
+    assert [r["chunk"] for r in report["checkpoints"]] == [0, 3, 6]  # 3 and 6: steady, after the trim
+    assert report["all_exact"], [r for r in report["checkpoints"] if not r["exact"]]
+    assert report["memory_flat_bytes"] is None and report["memory_flat"] is None  # CPU: no allocator counter
+    assert report["stats"]["steps"] == 7 and report["fallbacks"] == {}
+    assert report["arena_bytes"] > 0 and report["chunk_ms"]["p50"] > 0
+
+
+def test_soak_check_detects_a_different_chunk(t2w, monkeypatch):
+    """The checkpoint is not vacuous: stock run from another generator state differs."""
+    session = t2w.opt.open_session(*s2.synthetic_prompt(5, seed=41))
+    real, seeds = torch.manual_seed, iter([1, 2])  # stock draws from seed 1, the session from seed 2
+    monkeypatch.setattr(torch, "manual_seed", lambda s: real(next(seeds)))
+    try:
+        row = serve.check_chunk_against_stock(t2w.tail, session, tokens_of(60, 28), seed=0)
+    finally:
+        monkeypatch.undo()
+        session.close()
+    assert row["exact"] is False and row["wave_equal"] is False and row["pcm_equal"] is False
+
+
+# -------------------------------------------------------------------- placement
+def test_session_pool_places_on_the_least_loaded_device_and_admits_up_to_its_limit(t2w):
+    """Two replicas (the CPU model listed twice stands in for two devices)."""
+    pool = serve.SessionPool([t2w.opt, t2w.opt], max_per_device=1)
+    prompt = s2.synthetic_prompt(5, seed=50)
+    a = pool.open(*prompt)
+    b = pool.open(*prompt)
+    assert (a.device_index, b.device_index) == (0, 1) and pool.load() == [1, 1]
+    with pytest.raises(serve.PoolFull, match=r"every device holds 1 sessions \(load \[1, 1\]\)"):
+        pool.open(*prompt)
+    b.close()
+    assert pool.load() == [1, 0]
+    c = pool.open(*prompt)
+    assert c.device_index == 1
+    for s in (a, c):
+        s.close()
+    assert pool.load() == [0, 0]
+    with pytest.raises(cadence_fx.InputError, match="at least one model"):
+        serve.SessionPool([])
