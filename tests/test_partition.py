@@ -26,12 +26,12 @@ from cadence_fx.compiler import build_plan, buffer_bindings, check_rules, compil
     rewrite_pipeline
 from cadence_fx.errors import CadenceError, PassError, RulesError
 from cadence_fx.passes.fold_host_constants import FoldHostConstants
-from cadence_fx.passes.lower_cudagraph import LowerCudaGraph, LowerRecord
+from cadence_fx.passes.lower_cudagraph import LowerCudaGraph, LowerRecord, launches_kernels
 from cadence_fx.passes.partition import NodeVerdict, Partition, PartitionRecord, capturability
 from cadence_fx.passes.trace import scope, trace_step
 from cadence_fx.runtime.arena import Arena
 from cadence_fx.runtime.binding import rebind_buffers
-from cadence_fx.runtime.graphs import ArgSpec, CapturedRegion, fresh_regions, has_kernels, region_stats, run_graph
+from cadence_fx.runtime.graphs import ArgSpec, CapturedRegion, fresh_regions, region_stats, run_graph
 from cadence_fx.runtime.session import Session
 
 from toy_models import ToyAdapter, make_toy, toy_inputs
@@ -522,12 +522,22 @@ class TestCapturedRegion(TestCase):
         self.assertTrue(torch.equal(out, torch.full((2, 3), 2.0)))
         self.assertEqual((region.replays, region.graph.replays, region.refusals), (0, 0, {}))
 
-    def test_has_kernels(self):
+    def test_launches_kernels(self):
         views = trace(lambda x: x.transpose(0, 1)[0].unsqueeze(0), torch.randn(2, 3))
-        self.assertFalse(has_kernels(views))
-        self.assertFalse(has_kernels(trace(lambda x: torch.split(x, 1)[0], torch.randn(2, 3))))
-        self.assertTrue(has_kernels(trace(lambda x: x.transpose(0, 1) * 2, torch.randn(2, 3))))
-        self.assertTrue(has_kernels(piece_and_args()[0]))
+        self.assertFalse(launches_kernels(views))
+        self.assertFalse(launches_kernels(trace(lambda x: torch.split(x, 1)[0], torch.randn(2, 3))))
+        self.assertFalse(launches_kernels(trace(lambda x: x.reshape(3, 2).narrow(0, 1, 1).t(), torch.randn(2, 3))))
+        self.assertTrue(launches_kernels(trace(lambda x: x.transpose(0, 1) * 2, torch.randn(2, 3))))
+        self.assertTrue(launches_kernels(trace(lambda x: x.add_(1), torch.randn(2, 3))))  # a write is a kernel
+        self.assertTrue(launches_kernels(piece_and_args()[0]))
+        # lowering marks a views-only region trivial, and a session's fresh copy keeps it
+        with torch.no_grad():
+            gm = make_fx(lambda x: x.t()[0], pre_dispatch=True)(torch.randn(2, 3))
+        lowered = LowerCudaGraph()(Partition("cpu")(gm).graph_module).graph_module
+        (region,) = [m for m in lowered.children() if isinstance(m, CapturedRegion)]
+        self.assertTrue(region.trivial)
+        (fresh,) = [m for m in fresh_regions(lowered).children() if isinstance(m, CapturedRegion)]
+        self.assertTrue(fresh.trivial)
 
     def test_fresh_regions_share_pieces_not_captures(self):
         lowered, _ = lowered_gate()
@@ -663,7 +673,7 @@ def forward(self, in_x, arena_kv, arena_conv):
     return (submod_2,)""")
         self.assertEqual(tuple(lowered.meta["cadence_arena_inputs"]), ("kv", "conv"))
         # every region launches kernels: on a GPU each is captured (none is a views-only stub)
-        self.assertTrue(all(isinstance(m, CapturedRegion) and has_kernels(m.piece) for m in lowered.children()))
+        self.assertTrue(all(isinstance(m, CapturedRegion) and not m.trivial for m in lowered.children()))
         attn = lowered.submod_1.piece
         self.assertEqual(sum(1 for n in attn.graph.nodes if n.target is aten.copy_.default), 4)  # buffer writes
         self.assertEqual(sum(1 for n in lowered.submod_2.piece.graph.nodes if n.target is aten.rand.default), 1)

@@ -10,6 +10,7 @@ A piece that writes into one of its arguments must get that very memory at every
 replay: a static copy would take the write away from its owner (e.g. a state
 tensor under rules R, or a tensor an eager island made).  Such arguments are
 marked bound by address, so a replay on other memory is refused and runs eagerly.
+A piece of views only is marked trivial: nothing to capture.
 """
 
 from __future__ import annotations
@@ -19,7 +20,13 @@ import dataclasses
 import torch.fx as fx
 
 from ..runtime.graphs import CapturedRegion
-from .base import CadencePass, PassResult, view_root, written_args
+from .base import CadencePass, PassResult, is_view, view_root, written_args
+
+
+def launches_kernels(piece: fx.GraphModule) -> bool:
+    """Whether a piece launches anything: a views-only piece would capture an empty
+    graph (useless, and torch warns), so its region runs it as is."""
+    return any(n.op == "call_function" and not is_view(n) for n in piece.graph.nodes)
 
 
 def written_placeholders(piece: fx.GraphModule) -> list[bool]:
@@ -50,7 +57,8 @@ class LowerCudaGraph(CadencePass):
         captured, eager = [], []
         for name, child in list(gm.named_children()):
             if getattr(child, "meta", {}).get("cadence_capturable"):
-                setattr(gm, name, CapturedRegion(child, written_placeholders(child), name=name))
+                setattr(gm, name, CapturedRegion(child, written_placeholders(child), name=name,
+                                                 trivial=not launches_kernels(child)))
                 captured.append(name)
             else:
                 eager.append(name)

@@ -60,7 +60,7 @@ class ArgSpec:
 class CapturedRegion(torch.nn.Module):
     """One CUDA graph for one piece of one catalog entry."""
 
-    def __init__(self, piece: torch.nn.Module, bound: Sequence[bool], name: str = "region"):
+    def __init__(self, piece: torch.nn.Module, bound: Sequence[bool], name: str = "region", trivial: bool = False):
         super().__init__()
         self.piece = piece
         self.bound = tuple(bound)  # args written in place; capture adds those that alias the arena
@@ -71,7 +71,7 @@ class CapturedRegion(torch.nn.Module):
         self.static_out: Any = None
         self.replays = 0
         self.refusals: dict[str, int] = {}
-        self.trivial = False  # views only: nothing to capture, the piece runs as is
+        self.trivial = trivial  # views only (lowering decides): nothing to capture, the piece runs as is
 
     def capture(self, args: Sequence[Any], pool, stream: torch.cuda.Stream, arena_ptr: int | None = None) -> None:
         """Capture on ``stream`` into ``pool``; the caller has warmed the piece up.
@@ -146,9 +146,8 @@ def capture_entry(parent: torch.fx.GraphModule, args: Sequence[Any], pool, arena
     stream.wait_stream(torch.cuda.current_stream())
 
     def call_module(mod, args_):
-        if isinstance(mod, CapturedRegion) and not has_kernels(mod.piece):
-            mod.trivial = True  # an empty capture would be useless (and warns)
-            return mod.piece(*args_)
+        if isinstance(mod, CapturedRegion) and mod.trivial:
+            return mod.piece(*args_)  # views only (lowering said so): an empty capture would be useless
         if isinstance(mod, CapturedRegion):
             out = mod.piece(*args_)  # warm-up: lazy inits (cuBLAS handles, workspaces) outside capture
             torch.cuda.synchronize()
@@ -198,7 +197,7 @@ def fresh_regions(parent: torch.fx.GraphModule) -> torch.fx.GraphModule:
     gm._modules = dict(parent._modules)
     for name, mod in parent._modules.items():
         if isinstance(mod, CapturedRegion):
-            gm._modules[name] = CapturedRegion(mod.piece, mod.bound, name=mod.name)
+            gm._modules[name] = CapturedRegion(mod.piece, mod.bound, name=mod.name, trivial=mod.trivial)
     return gm
 
 
@@ -211,20 +210,6 @@ def region_stats(parent: torch.fx.GraphModule) -> tuple[int, dict[str, int]]:
             for k, v in mod.refusals.items():
                 refusals[k] = refusals.get(k, 0) + v
     return replays, refusals
-
-
-_NO_KERNEL = {"aten.alias.default", "aten.slice.Tensor", "aten.select.int", "aten.view.default",
-              "aten.reshape.default", "aten.unsqueeze.default", "aten.squeeze.dim", "aten.transpose.int",
-              "aten.permute.default", "aten.expand.default", "aten.detach.default", "aten.t.default",
-              "aten.split.Tensor", "aten.split_with_sizes.default", "aten.chunk.default", "aten.unbind.int",
-              "aten.narrow.default", "aten.as_strided.default", "aten.view_as.default", "aten.expand_as.default"}
-
-
-def has_kernels(piece: torch.fx.GraphModule) -> bool:
-    """Whether a piece launches anything (a views-only piece would capture an empty graph)."""
-    import operator
-    return any(n.op == "call_function" and n.target is not operator.getitem and str(n.target) not in _NO_KERNEL
-               for n in piece.graph.nodes)
 
 
 def run_graph(gm: torch.fx.GraphModule, args: Sequence[Any], call_module) -> Any:
