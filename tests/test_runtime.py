@@ -20,7 +20,7 @@ from cadence_fx.runtime.binding import rebind_buffers
 from cadence_fx.runtime.session import AdmissionGate, StockStateSession
 
 from toy_models import (BUFFER_FRAMES, BUFFER_PATH, CHANNELS, CONV_CARRY, DEFAULT_RETAIN, FRAMES, KV_SHAPE, ToyAdapter,
-                        ToyStream, assert_stream_exact, make_toy, toy_inputs, toy_prompt)
+                        ToyStream, assert_lockstep_exact, assert_stream_exact, make_toy, toy_inputs, toy_prompt)
 
 #: (prompt frames P, retain R): prefix 0, 2, 7; K = ceil(R / 3) + 1 = 2, 3, 3, 2, 4
 CONFIGS = [(0, 3), (2, 4), (7, 6), (2, 1), (7, 7)]
@@ -247,13 +247,7 @@ def test_stock_state_larger_than_declared_is_traced_at_the_stock_shape():
     with torch.no_grad():
         stock_state = stock.setup(prompt)
     session = adapter.open_session(exe, prompt)
-    for i, x in enumerate(toy_inputs(N_STEPS)):
-        rng = torch.random.get_rng_state()
-        with torch.no_grad():
-            stock_out, stock_state = stock.stream(x, stock_state, 2)
-        torch.random.set_rng_state(rng)
-        opt_out = session.step(x)
-        assert_stream_exact(session.state(), stock_state, stock_out, opt_out, f"step {i}")
+    assert_lockstep_exact(stock, stock_state, session, toy_inputs(N_STEPS), 2)
     # setup hands over the 2-frame carry it makes: that one step runs eagerly, counted
     assert session.stats()["fallbacks"] == {"state 'conv' shape (1, 4, 2) != catalog (1, 4, 4)": 1}
     assert sum(session.stats()["graph_runs"].values()) == N_STEPS - 1

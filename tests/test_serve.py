@@ -254,7 +254,7 @@ def test_out_of_memory_while_capturing_leaves_that_entry_eager_and_counted(monke
     from cadence_fx import compiler
     from cadence_fx.runtime import graphs
     from cadence_fx.runtime.graphs import CapturedRegion
-    from toy_models import ToyAdapter, assert_stream_exact, make_toy, toy_inputs, toy_prompt
+    from toy_models import ToyAdapter, assert_lockstep_exact, make_toy, toy_inputs, toy_prompt
 
     monkeypatch.setattr(compiler, "check_rules", lambda rules, device: rules)  # lower for replay on the CPU
     adapter = ToyAdapter(make_toy(4), 2)
@@ -286,13 +286,7 @@ def test_out_of_memory_while_capturing_leaves_that_entry_eager_and_counted(monke
     stock = make_toy(4)
     with torch.no_grad():
         stock_state = stock.setup(prompt)
-    for i, x in enumerate(toy_inputs(5, seed=3)):
-        rng = torch.random.get_rng_state()
-        with torch.no_grad():
-            stock_out, stock_state = stock.stream(x, stock_state, 2)
-        torch.random.set_rng_state(rng)
-        opt_out = session.step(x)
-        assert_stream_exact(session.state(), stock_state, stock_out, opt_out, f"step {i}")
+    assert_lockstep_exact(stock, stock_state, session, toy_inputs(5, seed=3), 2)
     fallbacks = session.stats()["fallbacks"]
     assert fallbacks and all(r.startswith("region refused replay: submod_") and r.endswith(": not captured")
                              for r in fallbacks)
@@ -315,7 +309,7 @@ def test_out_of_memory_while_capturing_on_cuda_replays_the_other_entries(monkeyp
     run eagerly (counted), the others replay; every step bit-exact against stock."""
     from cadence_fx.compiler import compile_executable
     from cadence_fx.runtime import graphs
-    from toy_models import ToyAdapter, assert_stream_exact, make_toy, toy_inputs, toy_prompt
+    from toy_models import ToyAdapter, assert_lockstep_exact, make_toy, toy_inputs, toy_prompt
 
     dev = torch.device("cuda")
     adapter = ToyAdapter(make_toy(4).to(dev), 2)
@@ -336,15 +330,8 @@ def test_out_of_memory_while_capturing_on_cuda_replays_the_other_entries(monkeyp
     stock = make_toy(4).to(dev)
     with torch.no_grad():
         stock_state = stock.setup(toy_prompt(2).to(dev))
-    for i, x in enumerate(toy_inputs(6, seed=3)):
-        x = {k: v.to(dev) for k, v in x.items()}
-        rng = (torch.random.get_rng_state(), torch.cuda.get_rng_state())
-        with torch.no_grad():
-            stock_out, stock_state = stock.stream(x, stock_state, 2)
-        torch.random.set_rng_state(rng[0])
-        torch.cuda.set_rng_state(rng[1])
-        opt_out = session.step(x)
-        assert_stream_exact(session.state(), stock_state, stock_out, opt_out, f"step {i}")
+    inputs = [{k: v.to(dev) for k, v in x.items()} for x in toy_inputs(6, seed=3)]
+    assert_lockstep_exact(stock, stock_state, session, inputs, 2)
     stats = session.stats()
     assert stats["replays"].get("0") == 1 and stats["replays"].get("2", 0) >= 1 and "1" not in stats["replays"]
     assert stats["fallbacks"] and all(r.endswith("not captured") for r in stats["fallbacks"])

@@ -252,3 +252,21 @@ def assert_stream_exact(opt_state: dict, stock_state: dict, stock_out: dict, opt
     for name, t in stock_state.items():
         assert opt_state[name].shape == t.shape, f"{where}: state {name!r} {opt_state[name].shape} != {t.shape}"
         assert torch.equal(opt_state[name], t), f"{where}: state {name!r} differs from stock"
+
+
+def assert_lockstep_exact(stock: ToyStream, stock_state: dict, session, inputs: list[dict], prompt_frames: int) -> dict:
+    """Stream ``inputs`` through the stock step and ``session`` from the same generator
+    state (CPU, and CUDA for CUDA inputs) each step; every output and state tensor bit-equal.  Returns the
+    stock state after the last step."""
+    for i, x in enumerate(inputs):
+        cuda = any(t.is_cuda for t in x.values())
+        rng = torch.random.get_rng_state(), torch.cuda.get_rng_state() if cuda else None
+        with torch.no_grad():
+            stock_out, stock_state = stock.stream(x, stock_state, prompt_frames)
+        torch.random.set_rng_state(rng[0])
+        if cuda:
+            torch.cuda.set_rng_state(rng[1])
+        opt_out = session.step(x)
+        assert_stream_exact(session.state(), stock_state, stock_out, opt_out, f"step {i}")
+    return stock_state
+

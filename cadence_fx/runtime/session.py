@@ -47,18 +47,26 @@ class Executable:
         return "S" in self.rules
 
 
+def tensor_mismatch(what: str, t: torch.Tensor, spec: TensorSpec) -> str | None:
+    """``None`` if ``t`` has ``spec``'s shape, dtype and layout, else the first difference."""
+    if tuple(t.shape) != tuple(spec.shape):
+        return f"{what} shape {tuple(t.shape)} != catalog {tuple(spec.shape)}"
+    if str(t.dtype).removeprefix("torch.") != spec.dtype:
+        return f"{what} dtype {t.dtype} != catalog {spec.dtype}"
+    if not same_layout(spec.shape, tuple(t.stride()), tuple(spec.stride)):
+        return f"{what} stride {tuple(t.stride())} != catalog {tuple(spec.stride)}"
+    return None
+
+
 def input_mismatch(entry: CatalogEntry, inputs: Mapping[str, torch.Tensor]) -> str | None:
     """``None`` if every input has the entry's exact signature, else the first difference."""
     for name, spec in entry.inputs.items():
         t = inputs.get(name)
         if t is None:
             return f"input {name!r} missing"
-        if tuple(t.shape) != tuple(spec.shape):
-            return f"input {name!r} shape {tuple(t.shape)} != catalog {tuple(spec.shape)}"
-        if str(t.dtype).removeprefix("torch.") != spec.dtype:
-            return f"input {name!r} dtype {t.dtype} != catalog {spec.dtype}"
-        if not same_layout(spec.shape, tuple(t.stride()), tuple(spec.stride)):
-            return f"input {name!r} stride {tuple(t.stride())} != catalog {tuple(spec.stride)}"
+        why = tensor_mismatch(f"input {name!r}", t, spec)
+        if why is not None:
+            return why
         if t.device != torch.device(spec.device):
             return f"input {name!r} device {t.device} != catalog {spec.device}"
     return None
@@ -312,13 +320,9 @@ class StockStateGate:
         if why is not None:
             return why
         for name, spec in specs.items():
-            t = state[name]
-            if tuple(t.shape) != tuple(spec.shape):
-                return f"state {name!r} shape {tuple(t.shape)} != catalog {tuple(spec.shape)}"
-            if str(t.dtype).removeprefix("torch.") != spec.dtype:
-                return f"state {name!r} dtype {t.dtype} != catalog {spec.dtype}"
-            if not same_layout(spec.shape, tuple(t.stride()), tuple(spec.stride)):
-                return f"state {name!r} stride {tuple(t.stride())} != catalog {tuple(spec.stride)}"
+            why = tensor_mismatch(f"state {name!r}", state[name], spec)
+            if why is not None:
+                return why
         return None
 
 
