@@ -156,12 +156,10 @@ class Session:
     @torch.no_grad()
     def load_state(self, state: Mapping[str, torch.Tensor]) -> None:
         """Set the stream's state (e.g. from the model's prompt setup); it must fit catalog entry 0."""
-        extents = {}
-        for r in self.executable.carried:
-            if r not in state:
-                raise CadenceError(f"setup returned no state for region {r!r}")
-            axis = self.layout.slot(r).axis
-            extents[r] = None if axis is None else state[r].shape[axis]
+        missing = [r for r in self.executable.carried if r not in state]
+        if missing:
+            raise CadenceError(f"setup returned no state for region {missing[0]!r}")
+        extents = self._extents_of(state)
         entry0 = self.executable.plan.catalog[0]
         for r, spec in entry0.regions.items():
             axis = self.layout.slot(r).axis
@@ -305,10 +303,13 @@ class Session:
 
     def _run_fallback(self, inputs, flags) -> dict[str, torch.Tensor]:
         outputs, new_state = self.fallback(inputs, self.state(), **flags)
-        extents = {r: None if self.layout.slot(r).axis is None else new_state[r].shape[self.layout.slot(r).axis]
-                   for r in self.executable.carried}
-        self._write_state(new_state, extents)
+        self._write_state(new_state, self._extents_of(new_state))
         return outputs
+
+    def _extents_of(self, state: Mapping[str, torch.Tensor]) -> dict[str, int | None]:
+        """Each carried region's extent along its growth axis (None for fixed-shape regions)."""
+        axes = {r: self.layout.slot(r).axis for r in self.executable.carried}
+        return {r: None if axis is None else state[r].shape[axis] for r, axis in axes.items()}
 
 
 class StockStateGate:
@@ -371,8 +372,7 @@ class StockStateSession(Session):
     def _commit(self, program: EntryProgram, result: tuple) -> dict[str, torch.Tensor]:
         n = len(self.executable.outputs)
         new = dict(zip(self.executable.carried, result[n:]))
-        self._write_state(new, {r: None if self.layout.slot(r).axis is None else t.shape[self.layout.slot(r).axis]
-                                for r, t in new.items()})
+        self._write_state(new, self._extents_of(new))
         return dict(zip(self.executable.outputs, result[:n]))
 
     def _write_state(self, state: Mapping[str, torch.Tensor], extents: Mapping[str, int | None]) -> None:
