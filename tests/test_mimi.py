@@ -21,9 +21,10 @@ from cadence_fx.compiler import build_plan
 from cadence_fx.integrations.upstream import installed_version, module_constants
 from cadence_fx.verify import compare_streams
 
+from marks import cuda
+
 needs_moshi = pytest.mark.skipif(importlib.util.find_spec("moshi") is None,
                                  reason="moshi is not installed: pip install --no-deps moshi==0.2.13 (README)")
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 RING_WRAP_FRAMES = 250 // 2  # RingKVCache capacity / transformer steps per frame
 
 

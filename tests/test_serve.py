@@ -27,6 +27,8 @@ import cadence_fx
 from cadence_fx import cli, serve
 from cadence_fx.integrations import stepaudio2 as s2
 
+from marks import cuda
+
 STEPS = 2  # flow-matching steps: the mechanisms under test do not depend on it; fewer = cheaper on CPU
 STEP_SLOTTED = ("estimator_cnn_cache", "estimator_att_cache")  # stock holds 16 step slots, live: STEPS
 
@@ -79,10 +81,11 @@ def tokens_of(seed: int, n: int) -> list[int]:
 
 
 # ---------------------------------------------------------------- multi-session
-def test_interleaved_sessions_each_stream_exactly_as_alone(t2w):
+def interleave_three_streams(opt, tail) -> tuple:
     """Three streams on one set of weights, round robin: two sessions (prompts of 5 and
-    7 tokens) and the drop-in single-stream API (5 tokens, the default session)."""
-    opt, tail = t2w.opt, t2w.tail
+    7 tokens) and the drop-in single-stream API (5 tokens, the default session); each
+    chunk and final state equal to that stream run alone on the stock tail.
+    Returns the two sessions (open) for the caller's checks of what they share."""
     prompts = {0: s2.synthetic_prompt(5, seed=1), 1: s2.synthetic_prompt(7, seed=2), 2: s2.synthetic_prompt(5, seed=3)}
     # 3 chunks: catalog entries 0, 1, 2 (warm-up, growth, steady: the caches are trimmed at chunk 2)
     chunks = {0: s2.synthetic_chunks(3, seed=11),
@@ -117,7 +120,12 @@ def test_interleaved_sessions_each_stream_exactly_as_alone(t2w):
     assert_final_exact(refs[0], a.state(), "session a")
     assert_final_exact(refs[1], b.state(), "session b")
     assert_final_exact(refs[2], opt.state(), "default session")
+    return a, b
 
+
+def test_interleaved_sessions_each_stream_exactly_as_alone(t2w):
+    opt = t2w.opt
+    a, b = interleave_three_streams(opt, t2w.tail)
     # weights and executables shared (one per prompt length), arenas and counters per session
     assert len(opt._executables) == 2
     assert a.session.executable is opt.session.executable is not b.session.executable
@@ -127,6 +135,22 @@ def test_interleaved_sessions_each_stream_exactly_as_alone(t2w):
     assert b.stats()["fallbacks"] == {"flags last_chunk outside the catalog (eager)": 1}
     assert opt.stats()["graph_runs"] == {"0": 1, "1": 1, "2": 1}
     assert a.prompt_frames == 10 and b.prompt_frames == 14
+    a.close()
+    b.close()
+
+
+@cuda
+def test_interleaved_sessions_replay_exactly_as_alone_on_cuda(deterministic):
+    """The same three streams under rule SRc on the GPU, against the stock tail on the
+    GPU (deterministic protocol): every catalog chunk replays its captured graphs."""
+    flow, hift = s2.build_modules(0)
+    tail = s2.Token2WavTail(flow.cuda(), hift.cuda(), n_timesteps=STEPS)
+    opt = cadence_fx.optimize(tail, rules="SRc")
+    a, b = interleave_three_streams(opt, tail)
+    for s in (a, opt):
+        assert s.stats()["fallback_total"] == 0 and s.stats()["replays"] == {"0": 1, "1": 1, "2": 1}, s.stats()
+    assert b.stats()["fallbacks"] == {"flags last_chunk outside the catalog (eager)": 1}
+    assert a.session.executable is opt.session.executable is not b.session.executable
     a.close()
     b.close()
 
@@ -303,7 +327,7 @@ def deterministic():
     torch.use_deterministic_algorithms(was, warn_only=warn_only)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="capture needs CUDA")
+@cuda
 def test_out_of_memory_while_capturing_on_cuda_replays_the_other_entries(monkeypatch, deterministic):
     """The real capture for entries 0 and 2, out of memory for entry 1: entry 1's steps
     run eagerly (counted), the others replay; every step bit-exact against stock."""

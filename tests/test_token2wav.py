@@ -26,9 +26,8 @@ from cadence_fx.integrations import stepaudio2 as s2
 from cadence_fx.integrations.upstream import installed_version
 from cadence_fx.verify import compare_streams
 
-def cuda(fn):
-    """CUDA only: selected by ``-m cuda``, skipped cleanly without a device."""
-    return pytest.mark.cuda(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")(fn))
+from marks import cuda
+
 
 
 #: one cell per rule by default (each traces for about a minute on the H200 host);
