@@ -81,12 +81,12 @@ def tokens_of(seed: int, n: int) -> list[int]:
 
 
 # ---------------------------------------------------------------- multi-session
-def interleave_three_streams(opt, tail) -> tuple:
+def interleave_three_streams(opt, tail, device="cpu") -> tuple:
     """Three streams on one set of weights, round robin: two sessions (prompts of 5 and
     7 tokens) and the drop-in single-stream API (5 tokens, the default session); each
     chunk and final state equal to that stream run alone on the stock tail.
     Returns the two sessions (open) for the caller's checks of what they share."""
-    prompts = {0: s2.synthetic_prompt(5, seed=1), 1: s2.synthetic_prompt(7, seed=2), 2: s2.synthetic_prompt(5, seed=3)}
+    prompts = {s: tuple(t.to(device) for t in s2.synthetic_prompt(n, seed=s + 1)) for s, n in ((0, 5), (1, 7), (2, 5))}
     # 3 chunks: catalog entries 0, 1, 2 (warm-up, growth, steady: the caches are trimmed at chunk 2)
     chunks = {0: s2.synthetic_chunks(3, seed=11),
               1: s2.synthetic_chunks(1, seed=12, final_tokens=9),  # and a flush chunk: eager, counted
@@ -146,7 +146,7 @@ def test_interleaved_sessions_replay_exactly_as_alone_on_cuda(deterministic):
     flow, hift = s2.build_modules(0)
     tail = s2.Token2WavTail(flow.cuda(), hift.cuda(), n_timesteps=STEPS)
     opt = cadence_fx.optimize(tail, rules="SRc")
-    a, b = interleave_three_streams(opt, tail)
+    a, b = interleave_three_streams(opt, tail, "cuda")
     for s in (a, opt):
         assert s.stats()["fallback_total"] == 0 and s.stats()["replays"] == {"0": 1, "1": 1, "2": 1}, s.stats()
     assert b.stats()["fallbacks"] == {"flags last_chunk outside the catalog (eager)": 1}
