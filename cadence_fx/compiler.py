@@ -21,6 +21,7 @@ from .adapter import StreamingAdapter
 from .annotations import Declaration
 from .errors import RulesError, TraceError
 from .passes.base import PassManager, this_before_that
+from .passes.early_writeback import EarlyWriteback
 from .passes.fold_host_constants import FoldHostConstants
 from .passes.lower_cudagraph import LowerCudaGraph
 from .passes.partition import Partition
@@ -75,13 +76,16 @@ def rewrite_pipeline(bindings: list[RegionBinding], rules: str = "S", device_typ
     """
     passes = [PruneDead(), FoldHostConstants(), PruneDead()]
     if "S" in rules:
-        passes.append(StateRewrite(bindings))
+        # early_writeback frees the next state's source before the vocoder; prune_dead then
+        # drops the rebound buffers' constants (views of the trace's scratch arena)
+        passes += [StateRewrite(bindings), EarlyWriteback(bindings), PruneDead()]
     if "R" in rules:
         granularity = "chunk" if rules.endswith("c") else "step"
         passes += [Partition(device_type, granularity, boundary), LowerCudaGraph()]
     return PassManager(passes,
                        constraints=[this_before_that(FoldHostConstants, StateRewrite),
-                                    this_before_that(StateRewrite, Partition),
+                                    this_before_that(StateRewrite, EarlyWriteback),
+                                    this_before_that(EarlyWriteback, Partition),
                                     this_before_that(Partition, LowerCudaGraph)],
                        checks=[lambda gm: gm.graph.lint()], debug=debug)
 

@@ -395,13 +395,16 @@ def soak(model, tail, prompt, chunks: int, check_every: int, seed: int = 0, warm
          say=None) -> dict[str, Any]:
     """One optimized session streams ``chunks`` chunks; a checkpoint every ``check_every``.
 
-    At chunk ``c`` with ``c % check_every == 0`` (and at the last chunk): the memory
-    allocated now (CUDA: ``memory_allocated``; CPU: None, RSS for information), then
-    the chunk runs on the session and on the stock ``tail`` loaded with a copy of the
-    session's state, from the same generator state (``check_chunk_against_stock``).
-    Other chunks run on the session only.  ``memory_flat_bytes``: max - min of the
-    allocated bytes over the checkpoints at chunk >= ``warmup_chunks`` (the caches
-    reach their steady extent after the catalog's width of chunks).
+    At chunk ``c`` with ``c % check_every == 0`` (and at the last chunk) the chunk
+    runs on the session and on the stock ``tail`` loaded with a copy of the session's
+    state, from the same generator state (``check_chunk_against_stock``); then the
+    memory allocated is recorded (CUDA: ``memory_allocated``; CPU: None, RSS for
+    information).  Recording after the check counts the checker's own one-time
+    allocations (e.g. its first chunk at the steady extent) at the checkpoint that
+    makes them, so a later difference is growth.  Other chunks run on the session
+    only.  ``memory_flat_bytes``: max - min of the allocated bytes over the
+    checkpoints at chunk >= ``warmup_chunks`` (the caches reach their steady extent
+    after the catalog's width of chunks).
     """
     import torch
     if chunks < 1 or check_every < 1:
@@ -416,9 +419,9 @@ def soak(model, tail, prompt, chunks: int, check_every: int, seed: int = 0, warm
         for c in range(chunks):
             k, tokens = feed.take()
             if c % check_every == 0 or c == chunks - 1:
+                row = {"chunk": c, **check_chunk_against_stock(tail, session, tokens, chunk_seed(seed, 0, k))}
                 _sync(device)
-                row = {"chunk": c, "allocated_bytes": _allocated(device), "rss_bytes": rss_bytes()}
-                row.update(check_chunk_against_stock(tail, session, tokens, chunk_seed(seed, 0, k)))
+                row.update(allocated_bytes=_allocated(device), rss_bytes=rss_bytes())
                 pcm_hash.update(row.pop("pcm"))
                 checkpoints.append(row)
                 if say:

@@ -594,20 +594,23 @@ class TestPipeline(TestCase):
         _, bindings, _ = toy_entry_graph(ToyAdapter(make_toy(), 2), 0)
         names = lambda pm: [type(p).__name__ for p in pm.passes]  # noqa: E731
         self.assertEqual(names(rewrite_pipeline(bindings, "S")),
-                         ["PruneDead", "FoldHostConstants", "PruneDead", "StateRewrite"])
+                         ["PruneDead", "FoldHostConstants", "PruneDead", "StateRewrite", "EarlyWriteback",
+                          "PruneDead"])
         pm = rewrite_pipeline(bindings, "SRc", "cuda", None)
-        self.assertEqual(names(pm), ["PruneDead", "FoldHostConstants", "PruneDead", "StateRewrite", "Partition",
-                                     "LowerCudaGraph"])
-        self.assertEqual((pm.passes[4].device_type, pm.passes[4].granularity), ("cuda", "chunk"))
+        self.assertEqual(names(pm), ["PruneDead", "FoldHostConstants", "PruneDead", "StateRewrite", "EarlyWriteback",
+                                     "PruneDead", "Partition", "LowerCudaGraph"])
+        self.assertEqual((pm.passes[6].device_type, pm.passes[6].granularity), ("cuda", "chunk"))
         key = ScopedToyAdapter(make_toy(), 2).step_boundary()
         pm = rewrite_pipeline(bindings, "SR", "cuda", key)
-        self.assertEqual((pm.passes[4].granularity, pm.passes[4].boundary), ("step", key))
+        self.assertEqual((pm.passes[6].granularity, pm.passes[6].boundary), ("step", key))
         with self.assertRaisesRegex(PassError, "granularity='step' needs a boundary key"):
             rewrite_pipeline(bindings, "SR", "cuda", None)
         # the ordering constraints hold the new passes in place
         self.assertTrue(all(c(pm.passes) for c in pm.constraints))
-        swapped = [*pm.passes[:3], pm.passes[4], pm.passes[3], pm.passes[5]]
-        self.assertFalse(all(c(swapped) for c in pm.constraints))
+        for i, j in ((3, 6), (4, 6), (3, 4)):  # partition before a rewrite; the write-backs moved before they exist
+            swapped = list(pm.passes)
+            swapped[i], swapped[j] = swapped[j], swapped[i]
+            self.assertFalse(all(c(swapped) for c in pm.constraints), (i, j))
 
     def test_check_rules(self):
         cpu = torch.device("cpu")
@@ -664,12 +667,11 @@ class TestToyAtRulesSR(TestCase):
                                    "captured ['submod_0', 'submod_1', 'submod_2']; eager islands []"])
         self.assertExpectedInline(lowered.code.strip(), """\
 def forward(self, in_x, arena_kv, arena_conv):
-    submod_0 = self.submod_0(arena_kv, arena_conv, in_x);  in_x = None
+    submod_0 = self.submod_0(arena_kv, arena_conv, in_x);  arena_conv = in_x = None
     getitem = submod_0[0]
-    getitem_1 = submod_0[1]
-    getitem_2 = submod_0[2];  submod_0 = None
+    getitem_1 = submod_0[1];  submod_0 = None
     submod_1 = self.submod_1(getitem, getitem_1, arena_kv);  getitem = getitem_1 = arena_kv = None
-    submod_2 = self.submod_2(submod_1, arena_conv, getitem_2);  submod_1 = arena_conv = getitem_2 = None
+    submod_2 = self.submod_2(submod_1);  submod_1 = None
     return (submod_2,)""")
         self.assertEqual(tuple(lowered.meta["cadence_arena_inputs"]), ("kv", "conv"))
         # every region launches kernels: on a GPU each is captured (none is a views-only stub)

@@ -1,5 +1,5 @@
 """Passes, one class each, pinned on small graphs: PruneDead, FoldHostConstants,
-StateRewrite (with the aliasing analysis), PassManager.
+StateRewrite (with the aliasing analysis), EarlyWriteback, PassManager.
 
 Every pinned graph is ``make_fx(pre_dispatch=True)`` of a few lines (or ``trace_step``
 of a five-line Token2Wav-like step).  Regenerate pins with ``EXPECTTEST_ACCEPT=1``
@@ -19,6 +19,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from cadence_fx.errors import PassError
 from cadence_fx.passes import aliasing
 from cadence_fx.passes.base import CadencePass, PassManager, PassResult, op_counts, this_before_that
+from cadence_fx.passes.early_writeback import EarlyWriteback
 from cadence_fx.passes.fold_host_constants import FoldHostConstants
 from cadence_fx.passes.prune_dead import PruneDead
 from cadence_fx.passes.state_rewrite import RegionBinding, RewriteRecord, StateRewrite
@@ -432,6 +433,104 @@ def forward(self, in_x, arena_kv, arena_c):
         with self.assertRaisesRegex(PassError, r"next 'kv' has shape \(2, 2\), but the catalog's next entry "
                                                r"holds \(2, 3\); the declared retention does not match"):
             StateRewrite(bindings(capacity=4, ext_in=1, ext_out=3))(gm)
+
+
+# ------------------------------------------------------------------ EarlyWriteback
+def rewritten(step, capacity: int, ext_in: int, ext_out: int, seed: int = 0):
+    """``step`` traced at one entry and through StateRewrite: (graph, original, inputs, state)."""
+    buf = torch.zeros(2, capacity)
+    g = torch.Generator().manual_seed(seed)
+    inputs = {"x": torch.randn(2, 2, generator=g)}
+    state = {"kv": torch.randn(2, ext_in, generator=g), "c": torch.randn(2, generator=g)}
+    gm = trace_step(step(buf), SIG, inputs, state, {"kv": buf})
+    original = copy.deepcopy(gm)
+    StateRewrite(bindings(capacity, ext_in, ext_out))(gm)
+    return gm, original, inputs, state
+
+
+def position(gm: fx.GraphModule, pred) -> int:
+    return next(i for i, n in enumerate(gm.graph.nodes) if pred(n))
+
+
+def writeback_of(region: str):
+    return lambda n: n.target is aten.copy_.default and n.meta.get("cadence", {}) == {"role": "writeback",
+                                                                                       "region": region}
+
+
+class TestEarlyWriteback(TestCase):
+    def test_trim_is_committed_before_the_rest_of_the_step(self):
+        # The graph of TestStateRewrite.test_trim_is_written_back: kv's trimmed next
+        # state (cat_1) is copied into the arena right after it is made, before `mul`.
+        gm, buf, inputs, state = traced_step(prefix=1, retain=1, ext_in=1)
+        original = copy.deepcopy(gm)
+        binds = bindings(capacity=4, ext_in=1, ext_out=2)
+        StateRewrite(binds)(gm)
+        result = EarlyWriteback(binds)(gm)
+        self.assertExpectedInline(result.graph_module.code.strip(), """\
+def forward(self, in_x, arena_kv, arena_c):
+    slice_tensor = torch.ops.aten.slice.Tensor(arena_kv, 1, 0, 1)
+    alias_default = torch.ops.aten.alias.default(arena_c)
+    cat = torch.ops.aten.cat.default([in_x, slice_tensor], 1);  in_x = slice_tensor = None
+    slice_1 = torch.ops.aten.slice.Tensor(arena_kv, 1, 0, 3)
+    copy_ = torch.ops.aten.copy_.default(slice_1, cat);  slice_1 = cat = copy_ = None
+    slice_2 = torch.ops.aten.slice.Tensor(arena_kv, 1, 0, 3)
+    sum_1 = torch.ops.aten.sum.dim_IntList(slice_2, [1])
+    add = torch.ops.aten.add.Tensor(sum_1, alias_default);  sum_1 = alias_default = None
+    slice_3 = torch.ops.aten.slice.Tensor(slice_2, 1, 0, 1)
+    slice_4 = torch.ops.aten.slice.Tensor(slice_2, 1, -1, 9223372036854775807);  slice_2 = None
+    cat_1 = torch.ops.aten.cat.default([slice_3, slice_4], 1);  slice_3 = slice_4 = None
+    slice_tensor_1 = torch.ops.aten.slice.Tensor(arena_kv, 1, 0, 2);  arena_kv = None
+    copy__default = torch.ops.aten.copy_.default(slice_tensor_1, cat_1);  slice_tensor_1 = cat_1 = copy__default = None
+    mul = torch.ops.aten.mul.Tensor(add, 0.5)
+    alias_default_1 = torch.ops.aten.alias.default(arena_c);  arena_c = None
+    copy__default_1 = torch.ops.aten.copy_.default(alias_default_1, mul);  alias_default_1 = mul = copy__default_1 = None
+    return (add,)""")
+        self.assertEqual(result.record, {"moved up past nodes": {"kv": 1}})
+        TestStateRewrite.assert_rewritten_matches(self, original, gm, inputs, state, capacity=4)
+
+    def test_a_later_read_of_the_region_holds_the_write_back(self):
+        def step(buf):
+            def f(inputs, state):
+                cache = torch.cat([inputs["x"], state["kv"]], dim=1)
+                buf[:, :3] = cache
+                nxt = torch.cat([buf[:, :1], buf[:, 2:3]], dim=1)  # the trimmed next state
+                y = buf[:, :3].sum(1).sin()  # reads the region after the trim: the copy must wait
+                return {"y": y}, {"kv": nxt, "c": state["c"]}
+            return f
+        gm, original, inputs, state = rewritten(step, capacity=4, ext_in=1, ext_out=2)
+        EarlyWriteback(bindings(4, 1, 2))(gm)
+        sin = position(gm, lambda n: n.target is aten.sum.dim_IntList)
+        self.assertGreater(position(gm, writeback_of("kv")), sin)
+        TestStateRewrite.assert_rewritten_matches(self, original, gm, inputs, state, capacity=4)
+
+    def test_a_later_write_into_the_source_holds_the_write_back(self):
+        def step(buf):
+            def f(inputs, state):
+                cache = torch.cat([inputs["x"], state["kv"]], dim=1)
+                nxt = cache[:, :2].clone()
+                y = inputs["x"].sum(1).cos()
+                nxt.mul_(2.0)  # the source changes after it was made: the copy must follow
+                return {"y": y}, {"kv": nxt, "c": state["c"]}
+            return f
+        gm, original, inputs, state = rewritten(step, capacity=4, ext_in=1, ext_out=2)
+        result = EarlyWriteback(bindings(4, 1, 2))(gm)
+        mul_ = position(gm, lambda n: n.target is aten.mul_.Tensor)
+        self.assertEqual(position(gm, writeback_of("kv")), mul_ + 2)  # the slice view, then the copy
+        self.assertEqual(result.record, {"moved up past nodes": {}})
+        TestStateRewrite.assert_rewritten_matches(self, original, gm, inputs, state, capacity=4)
+
+    def test_ensures_rejects_a_write_back_before_a_read(self):
+        gm, buf, inputs, state = traced_step(prefix=1, retain=1, ext_in=1)
+        binds = bindings(capacity=4, ext_in=1, ext_out=2)
+        StateRewrite(binds)(gm)
+        copy_kv = next(n for n in gm.graph.nodes if writeback_of("kv")(n))
+        view = copy_kv.args[0]
+        first_read = next(n for n in gm.graph.nodes if n.target is aten.cat.default)
+        first_read.prepend(view)  # hand-move the write-back above the step's first read
+        first_read.prepend(copy_kv)
+        copy_kv.args = (view, next(n for n in gm.graph.nodes if n.op == "placeholder"))
+        with self.assertRaisesRegex(PassError, "early_writeback: the write-back of 'kv' comes before"):
+            EarlyWriteback(binds).ensures(gm)
 
 
 # ------------------------------------------------------------------ aliasing

@@ -45,7 +45,7 @@ def seed_of(session: int, chunk: int) -> int:
 
 
 def digest(t: torch.Tensor) -> tuple:
-    return tuple(t.shape), t.dtype, hashlib.sha256(t.contiguous().numpy().tobytes()).hexdigest()
+    return tuple(t.shape), t.dtype, hashlib.sha256(t.contiguous().cpu().numpy().tobytes()).hexdigest()
 
 
 def live_stock_state(tail) -> dict[str, torch.Tensor]:
@@ -288,7 +288,7 @@ def test_out_of_memory_while_capturing_leaves_that_entry_eager_and_counted(monke
 
     calls = []
 
-    def capture_entry(parent, args, pool, arena_ptr):
+    def capture_entry(parent, args, pool, arena_ptr, stream):
         calls.append(pool)
         for a in args:
             if isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == arena_ptr:

@@ -163,10 +163,14 @@ class StateRewrite(CadencePass):
                                 f"entry holds {want}; the declared retention does not match the model")
             with graph.inserting_before(out_node):
                 src = value
+                group = []
                 if view_root(value) is arena[name]:  # overlapping copy: read it out first
                     src = graph.call_function(aten.clone.default, (value,))
+                    group.append(src)
                 dst = self._view(graph, arena[name], b, b.extent_out)
-                graph.call_function(aten.copy_.default, (dst, src))
+                group += [dst, graph.call_function(aten.copy_.default, (dst, src))]
+            for n in group:  # early_writeback may move the group up to where the state is final
+                n.meta["cadence"] = {"role": "writeback", "region": name}
             written.append(name)
         out_node.args = (tuple(values[:n_out]),)
         gm.meta["cadence_arena_inputs"] = tuple(b.name for b in used)

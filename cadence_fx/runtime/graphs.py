@@ -133,16 +133,24 @@ class CapturedRegion(torch.nn.Module):
         return self.static_out
 
 
-def capture_entry(parent: torch.fx.GraphModule, args: Sequence[Any], pool, arena_ptr: int) -> dict[str, str]:
+def capture_entry(parent: torch.fx.GraphModule, args: Sequence[Any], pool, arena_ptr: int,
+                  stream: torch.cuda.Stream | None = None) -> dict[str, str]:
     """Warm up and capture every ``CapturedRegion`` of one entry's graph, in order.
 
-    Runs the entry once eagerly (on a side stream), capturing each region right
-    after warming it up on its live arguments.  This mutates the arena and draws
-    from the generators: the caller forks the generators and resets the arena.
-    Returns ``{region: reason}`` for regions whose capture failed (they stay eager).
+    Runs the entry once eagerly on the side ``stream`` (a new one if None),
+    capturing each region right after warming it up on its live arguments.  This
+    mutates the arena and draws from the generators: the caller forks the
+    generators and resets the arena.  Returns ``{region: reason}`` for regions
+    whose capture failed (they stay eager).
+
+    The library workspaces the captured kernels use (cuBLAS: 32 MiB per stream under
+    the deterministic protocol's ``:4096:8``) belong to the capture stream and stay
+    allocated for the graphs' lifetime: a session captures all its entries on one
+    stream, so it holds one set (its entries never replay concurrently; two sessions,
+    which may, keep their own).
     """
     failed: dict[str, str] = {}
-    stream = torch.cuda.Stream()
+    stream = stream if stream is not None else torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
 
     def call_module(mod, args_):

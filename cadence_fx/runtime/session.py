@@ -137,6 +137,8 @@ class Session:
         if not any(p.kind == "cudagraph" for p in self.executable.programs.values()):
             return failed
         pool = torch.cuda.graph_pool_handle()  # one pool for all this session's graphs
+        # and one capture stream: one set of library workspaces (None: a CPU test's fake capture)
+        stream = torch.cuda.Stream(self._expect_device) if self._expect_device.type == "cuda" else None
         self._programs = {}
         devices = [self._expect_device] if self._expect_device.type == "cuda" else []  # the CPU generator always forks
         with torch.random.fork_rng(devices=devices):
@@ -144,7 +146,7 @@ class Session:
                 parent = fresh_regions(program.run)
                 args = [example_inputs[n] for n in self.executable.inputs] + self._capture_state_args(program)
                 try:
-                    failed[idx] = capture_entry(parent, args, pool, self._bound_storage())
+                    failed[idx] = capture_entry(parent, args, pool, self._bound_storage(), stream)
                 except torch.OutOfMemoryError as e:  # capture must never crash a stream: the
                     # entry's uncaptured regions run eagerly, each step counted ("not captured")
                     failed[idx] = {"*": f"out of memory while capturing: {e}"}

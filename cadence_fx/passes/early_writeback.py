@@ -1,0 +1,115 @@
+"""early_writeback: commit a region's next state as soon as it is final (rule S).
+
+``state_rewrite`` writes a carried region's next state back into its arena view as
+the graph's last ops. That keeps the source alive to the very end: Token2Wav's trim
+(a ``cat`` of two slices of the DiT K|V cache, 125 MiB at 5 flow steps) then lives
+through the whole vocoder, and under rules SR/SRc it crosses an eager island, where
+the next captured region takes it as an input and keeps a static copy of it. This
+pass moves each write-back group (``state_rewrite`` tags its nodes ``writeback``)
+to just after the last node that
+
+- touches the region's arena memory in any way (reads, writes, views), or
+- writes the memory the write-back's source aliases,
+
+and after the source itself. Every read and write of the region, and of the source,
+therefore happens in the same order relative to the write-back as before; no other
+node can observe the move (arena regions are disjoint slots). Random draws keep
+their order: the group holds none.
+
+Before::
+
+    new = cat([slice(kv, 4, 0, P), slice(kv, 4, -100)], 4)   # the trimmed next state
+    wav = vocoder(mel)                                         # never touches the arena
+    copy_(slice(arena_kv, 4, 0, P + 100), new)
+    return (wav,)
+
+After::
+
+    new = cat([slice(kv, 4, 0, P), slice(kv, 4, -100)], 4)
+    copy_(slice(arena_kv, 4, 0, P + 100), new)                # `new` dies here
+    wav = vocoder(mel)
+    return (wav,)
+
+ensures: every write-back still follows its source and every node that touches its
+region; and (``aliasing.region_hazards``, as ``state_rewrite``) no op reads old state
+from memory that was already overwritten.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch.fx as fx
+
+from ..errors import PassError
+from .base import CadencePass, PassResult, view_root, written_args
+
+
+def _groups(gm: fx.GraphModule) -> dict[str, list[fx.Node]]:
+    groups: dict[str, list[fx.Node]] = {}
+    for n in gm.graph.nodes:
+        meta = n.meta.get("cadence", {})
+        if meta.get("role") == "writeback":
+            groups.setdefault(meta["region"], []).append(n)
+    return groups
+
+
+def _arena(gm: fx.GraphModule, region: str) -> fx.Node:
+    for n in gm.graph.nodes:
+        if n.op == "placeholder" and n.meta.get("cadence", {}).get("role") == "arena" \
+                and n.meta["cadence"]["region"] == region:
+            return n
+    raise PassError(f"early_writeback: write-back of {region!r} but no arena placeholder for it")
+
+
+def _latest_dependency(gm: fx.GraphModule, group: Sequence[fx.Node], arena: fx.Node) -> fx.Node:
+    """The last node the group must follow."""
+    members = set(group)
+    sources = [a for n in group for a in n.all_input_nodes if a not in members]
+    roots = {view_root(a) for a in sources if a is not arena}
+    must_follow = set(sources)
+    for n in gm.graph.nodes:
+        if n in members or n.op in ("placeholder", "output"):
+            continue
+        touches = any(view_root(a) is arena for a in n.all_input_nodes)
+        writes_source = any(view_root(w) in roots for w in written_args(n))
+        if touches or writes_source:
+            must_follow.add(n)
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    return max(must_follow, key=order.__getitem__)
+
+
+class EarlyWriteback(CadencePass):
+    name = "early_writeback"
+
+    def __init__(self, bindings: Sequence = (), check_hazards: bool = True):
+        self.bindings = {b.name: b for b in bindings}
+        self.check_hazards = check_hazards
+
+    def call(self, gm: fx.GraphModule) -> PassResult:
+        moved: dict[str, int] = {}
+        for region, group in _groups(gm).items():
+            order = {n: i for i, n in enumerate(gm.graph.nodes)}
+            anchor = _latest_dependency(gm, group, _arena(gm, region))
+            if order[group[0]] <= order[anchor] + 1:
+                continue  # already right after what it depends on
+            skipped = order[group[0]] - order[anchor] - 1
+            cursor = anchor
+            for n in group:
+                cursor.append(n)
+                cursor = n
+            moved[region] = skipped
+        return PassResult(gm, bool(moved), {"moved up past nodes": moved})
+
+    def ensures(self, gm: fx.GraphModule) -> None:
+        order = {n: i for i, n in enumerate(gm.graph.nodes)}
+        for region, group in _groups(gm).items():
+            anchor = _latest_dependency(gm, group, _arena(gm, region))
+            if order[group[0]] <= order[anchor]:
+                raise PassError(f"early_writeback: the write-back of {region!r} comes before {anchor.name}")
+        if self.check_hazards and self.bindings:
+            from .state_rewrite import check_graph_hazards
+            problems = check_graph_hazards(gm, self.bindings)
+            if problems:
+                raise PassError("early_writeback: moving the write-back is unsound: " + "; ".join(problems[:3]))
+
