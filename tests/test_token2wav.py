@@ -31,10 +31,13 @@ from marks import cuda
 
 
 #: one cell per rule by default (each traces for about a minute on the H200 host);
-#: CADENCE_FULL_MATRIX=1 runs every rule x dtype x step count (20 cells)
+#: CADENCE_FULL_MATRIX=1 runs every rule x dtype x step count (20 cells);
+#: CADENCE_CELLS="SRc:float32:5,S:float16:10" runs the cells named
 FULL_MATRIX = os.environ.get("CADENCE_FULL_MATRIX") == "1"
 REPLAY_CELLS = ([(r, d, k) for r in ("S", "R", "SR", "Rc", "SRc") for d in ("float32", "float16") for k in (5, 10)]
                 if FULL_MATRIX else
+                [(r, d, int(k)) for r, d, k in (c.split(":") for c in os.environ["CADENCE_CELLS"].split(","))]
+                if os.environ.get("CADENCE_CELLS") else
                 [("R", "float32", 5), ("SR", "float32", 5), ("Rc", "float16", 10), ("SRc", "float32", 5),
                  ("SRc", "float16", 10)])
 
