@@ -117,7 +117,8 @@ def check_variants(variants: Sequence[str], device: str, model: str = "token2wav
             raise BenchError(f"unknown variant {v!r} for --model {model}; choose from {', '.join(spec.variants())}")
         if v in spec.cuda_only() and not device.startswith("cuda"):
             what = spec.controls.get(v, f"rules {v} (CUDA-graph replay)")
-            raise BenchError(f"variant {v!r} needs CUDA ({what}); this bench runs on --device {device}. "
+            why = f" {spec.controls_off_cuda}" if v in spec.controls and spec.controls_off_cuda else ""
+            raise BenchError(f"variant {v!r} needs CUDA ({what}); this bench runs on --device {device}.{why} "
                              f"On the CPU use B0 and S.")
     return variants
 
@@ -549,6 +550,8 @@ class BenchModel:
     controls: Mapping[str, str] = {}
     #: variants this model has none of, and why
     refused: Mapping[str, str] = {}
+    #: what the controls would do off CUDA, for the refusal
+    controls_off_cuda = ""
     default_chunks = 8
     vocoder_column = False
     #: variants drawn in the duplex plot besides stock (B0) and optimized (SRc)
@@ -764,6 +767,8 @@ class MimiBench(BenchModel):
     budget_words = ("80 ms", "each 80 ms frame")
     rule_variants = ("B0", "S", "SR", "SRc")
     controls = MIMI_CONTROLS
+    controls_off_cuda = ("CUDA graphs need CUDA: off CUDA moshi disables its CUDAGraphed wrappers and its compile, "
+                         "so this would be the stock eager path, B0.")
     refused = {r: "replay over stock-managed state; moshi keeps Mimi's state in streaming dataclasses, not module "
                   "buffers: use SR or SRc" for r in ("R", "Rc")}
     default_chunks = 150

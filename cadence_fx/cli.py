@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     add_serve_args(p, soak_cmd=True)
     p.set_defaults(fn=cmd_soak)
     args = parser.parse_args(argv)
-    if getattr(args, "chunks", 1) < 1:
+    if getattr(args, "chunks", None) is not None and args.chunks < 1:  # bench: None is the model's default
         parser.error("--chunks must be >= 1")
     try:
         return args.fn(args)

@@ -46,6 +46,13 @@ def test_cuda_only_mimi_variants_are_refused_on_cpu(variant, what):
     assert bench.check_variants(["B0", "S", variant], "cuda", "mimi") == ["B0", "S", variant]
 
 
+def test_cli_refuses_vendor_on_the_cpu_before_starting_anything(capsys):
+    from cadence_fx import cli
+    assert cli.main(["bench", "--model", "mimi", "--variants", "B0,vendor"]) == 2  # --chunks: the model's default
+    err = capsys.readouterr().err
+    assert "variant 'vendor' needs CUDA" in err and "off CUDA moshi disables its CUDAGraphed wrappers" in err
+
+
 def test_mimi_refuses_what_it_has_not():
     for r in ("R", "Rc"):
         with pytest.raises(bench.BenchError, match=rf"'{r}' is not built for --model mimi: .*streaming dataclasses"):
