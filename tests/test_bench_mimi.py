@@ -148,6 +148,31 @@ def test_token2wav_report_is_unchanged_by_the_model_split():
 
 # ---------------------------------------------------------------------------- real workers
 @needs_moshi
+def test_mimi_bench_model_builds_and_counts_the_vendor_path():
+    """The worker's Mimi pieces in-process: B0 is the stock decoder, vendor wraps the same
+    weights in moshi's own streaming state (graphs off on the CPU: B0's bits), counted."""
+    import types
+    from cadence_fx.integrations import moshi as mm
+    bm = bench.MimiBench(types.SimpleNamespace(device="cpu", dtype="float32", seed=0, checkpoint=None))
+    stock = bm.build()
+    assert bm.apply(stock, "B0", print) is stock and bm.counters(stock) == {}
+    (codes, last), = bm.chunks(1)
+    want = bm.pcm_bytes(stock.stream(codes, last_chunk=last, return_waveform=True))
+    want_state = bm.state_sha256(stock)
+    vendor = bm.apply(stock, "vendor-nocompile", print)
+    assert isinstance(vendor, mm.VendorMimi) and vendor.mimi is stock.mimi and not vendor.compile
+    assert bm.pcm_bytes(vendor.stream(codes, last_chunk=last, return_waveform=True)) == want
+    assert bm.state_sha256(vendor) == want_state
+    c = bm.counters(vendor)
+    assert c["vendor_graphed_calls"] == 2 and c["vendor_replays"] == 0 and c["vendor_compile"] is False
+    assert c["vendor_graphed"] == ["decoder_transformer", "decoder"]
+    assert c["vendor_eager"] == ["quantizer.decode", "upsample"]
+    bm.reset_counters(vendor)
+    assert bm.counters(vendor)["vendor_graphed_calls"] == 0
+    assert bm.apply(stock, "vendor", print).compile is True  # moshi's default: its lazy compile of rope on
+
+
+@needs_moshi
 def test_mimi_bench_on_cpu_is_exact(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # three workers share the CI machine's cores
     said = []

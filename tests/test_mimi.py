@@ -149,19 +149,6 @@ def test_bad_codes_are_rejected(mm):
 
 
 @needs_moshi
-def test_vendor_path_is_moshis_decode_with_its_switches_on(mm):
-    """On the CPU moshi disables its graphs and its compile: VendorMimi is stock, counted."""
-    mimi = mm.build_mimi(seed=0)
-    codes = mm.synthetic_codes(1, seed=1)[0][0]
-    want = mm.MimiDecoder(mimi).stream(codes, return_waveform=True)
-    vendor = mm.VendorMimi(mimi)  # a fresh stream on the same model, in moshi's own streaming state
-    assert (vendor.stream(codes, return_waveform=True) == want).all()
-    assert vendor.graph_calls == {"calls": 2, "replays": 0}  # its 2 wrappers, never captured on the CPU
-    assert set(mm.VENDOR_GRAPHED) <= set(vars(vendor.mimi._streaming_state))
-    assert vendor.compile is True and mm.VendorMimi(mimi, compile=False).compile is False
-
-
-@needs_moshi
 @cuda
 @pytest.mark.parametrize("rules", ["S", "SRc"])
 def test_rules_are_exact_on_cuda_past_the_ring_wrap(capsys, rules):
