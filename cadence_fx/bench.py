@@ -53,6 +53,8 @@ Worker protocol, usable by hand::
 
     printf 'block 0\\nblock 1\\nfinish\\n' | python -m cadence_fx.bench --worker --variant B0 \\
         --blocks 2 --chunks 2 --prompt-tokens 5
+    printf 'block 0\\nfinish\\n' | python -m cadence_fx.bench --worker --model mimi --variant S \\
+        --blocks 1 --chunks 3 --warmup 1
 
 stdout carries only protocol lines (``{"event": "ready" | "block" | "finish" | "error", ...}``);
 anything else the process prints goes to stderr.
