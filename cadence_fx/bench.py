@@ -13,35 +13,48 @@ blocks of the paired ratio ``B0_p50 / V_p50``.  A second B0 worker (``B0-replica
 the same blocks, untimed for the table: ``b0_reproducible`` says whether stock gives the
 same hashes in another process, the premise of every cross-process exactness verdict.
 
-Chunks and noise are shared: every worker streams the same ``synthetic_chunks`` sequence,
-and before streamed chunk ``i`` (warm-up included, counted from 0) seeds
-``torch.manual_seed(seed * 1000 + i)`` (CPU and CUDA generators), so block ``b`` of every
-variant covers the same chunk indices and its PCM, float waveform and carried state can
-be compared with B0's by SHA-256 across processes.  On CUDA the deterministic protocol of
-``verify`` is on.  The warm-up (default 3 chunks) reaches the steady shape: chunk 0 has no
-crossfade partner, chunk 1 grows the attention caches to the prompt + 100 retained frames.
+Models (``--model``; what differs is a ``BenchModel``: build, variants, the chunk, PCM, state):
+``token2wav`` (a chunk is 25 tokens, 1 s of audio at 25 Hz: its budget is 1 s) and
+``mimi`` (a chunk is one 80 ms frame, 8 codes -> 1,920 samples: its budget is 80 ms).
+
+Chunks and noise are shared: every worker streams the same chunk sequence
+(``synthetic_chunks`` / ``synthetic_codes``), and before streamed chunk ``i`` (warm-up
+included, counted from 0) seeds ``torch.manual_seed(seed * 1000 + i)`` (CPU and CUDA
+generators), so block ``b`` of every variant covers the same chunk indices and its PCM,
+float waveform and carried state can be compared with B0's by SHA-256 across processes;
+the finish adds the PCM hash of the whole stream, warm-up included.  On CUDA the
+deterministic protocol of ``verify`` is on.  The warm-up (default 3 chunks) reaches the
+steady shape: Token2Wav's chunk 0 has no crossfade partner, chunk 1 grows the attention
+caches to the prompt + 100 retained frames; moshi's graphs run eagerly on their first call
+and are captured on their second.
 
 Per variant: p50/p90 ms per timed chunk; ``peak_mib`` (``torch.cuda.max_memory_allocated``
-over the timed chunks; ``setup_peak_mib`` for setup and warm-up); after the blocks, one
-untimed chunk times the HiFT vocoder (``vocoder_ms``: CUDA events, CPU wall time on the
-CPU, around ``HiFTGenerator.forward``; None where the vocoder is traced into the rule
-graphs and no module call happens), and one chunk runs under ``torch.profiler`` (CUDA):
-``kernel_ms`` (GPU time of kernels, memcpy and memset: the floor), ``launches`` (kernel
-and graph launch API calls) and ``floor_ratio = p50_ms / kernel_ms``.  ``compile_s`` is
-the setup (optimize/trace/capture/compile + prompt) plus warm-up time beyond steady
-speed; setups run concurrently, so it is measured under contention (an upper bound).
-The duplex view puts each chunk's time against its 1 s cadence budget (25 tokens at
-25 Hz).
+over the timed chunks; ``setup_peak_mib`` for setup and warm-up); after the blocks, for
+Token2Wav, one untimed chunk times the HiFT vocoder (``vocoder_ms``: CUDA events, CPU wall
+time on the CPU, around ``HiFTGenerator.forward``; None where the vocoder is traced into
+the rule graphs and no module call happens), and one chunk runs under ``torch.profiler``
+(CUDA): ``kernel_ms`` (GPU time of kernels, memcpy and memset: the floor), ``launches``
+(kernel and graph launch API calls; ``kernel_launches`` + ``graph_launches``) and
+``floor_ratio = p50_ms / kernel_ms``.  ``compile_s`` is the setup
+(optimize/trace/capture/compile + prompt) plus warm-up time beyond steady speed; setups
+run concurrently, so it is measured under contention (an upper bound).  The duplex view
+puts each chunk's time against its cadence budget.
 
 Variants: ``B0`` (stock), ``S``, ``R``, ``SR``, ``Rc``, ``SRc`` (``cadence_fx.optimize``
-rules) and the CUDA-only controls in ``CONTROLS``.  For ``vendor`` the worker counts how
-many DiT estimator calls replayed one of upstream's captured graphs and how many ran
-eagerly (upstream captures 30/48/96-frame buckets; a streaming chunk is 50 frames).
+rules; Mimi has no R/Rc) and each model's CUDA-only controls (``CONTROLS``,
+``MIMI_CONTROLS``).  Token2Wav's ``vendor``: the worker counts how many DiT estimator
+calls replayed one of upstream's captured graphs and how many ran eagerly (upstream
+captures 30/48/96-frame buckets; a streaming chunk is 50 frames).  Mimi's ``vendor``:
+moshi's own ``CUDAGraphed`` decoder transformer and SEANet decoder (and its lazily
+compiled rope; ``vendor-nocompile`` without it), counted call by call; the quantizer
+decode and the upsample stay eager between the two graphs, and the notes say so.
 
 Worker protocol, usable by hand::
 
     printf 'block 0\\nblock 1\\nfinish\\n' | python -m cadence_fx.bench --worker --variant B0 \\
         --blocks 2 --chunks 2 --prompt-tokens 5
+    printf 'block 0\\nfinish\\n' | python -m cadence_fx.bench --worker --model mimi --variant S \\
+        --blocks 1 --chunks 3 --warmup 1
 
 stdout carries only protocol lines (``{"event": "ready" | "block" | "finish" | "error", ...}``);
 anything else the process prints goes to stderr.
@@ -68,6 +81,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from .errors import CadenceError
 
+#: Token2Wav's variants (Mimi's are ``MimiBench``'s)
 RULE_VARIANTS = ("B0", "S", "R", "SR", "Rc", "SRc")
 #: controls: the same stock tail, made faster by something other than cadence_fx
 CONTROLS = {
@@ -77,8 +91,6 @@ CONTROLS = {
     "cudagraphs": "torch.compile(estimator.forward_chunk, backend='cudagraphs', dynamic=False)",
     "vendor": "upstream's own CUDA graphs: flow.scatter_cuda_graph(True)",
 }
-CUDA_ONLY = ("R", "SR", "Rc", "SRc", *CONTROLS)
-VARIANTS = (*RULE_VARIANTS, *CONTROLS)
 DEFAULT_WARMUP = 3
 #: a Token2Wav chunk is 25 tokens at 25 Hz: one second of audio, due before the next second
 CHUNK_BUDGET_MS = 1000.0
@@ -92,19 +104,23 @@ class BenchError(CadenceError, ValueError):
     """A bench request that cannot run as asked (unknown variant, CUDA-only on CPU, ...)."""
 
 
-def check_variants(variants: Sequence[str], device: str) -> list[str]:
-    """Validate the variant list for ``device``; a clear error names the offending variant."""
+def check_variants(variants: Sequence[str], device: str, model: str = "token2wav") -> list[str]:
+    """Validate the variant list of ``model`` for ``device``; a clear error names the offending variant."""
+    spec = bench_model(model)
     variants = list(variants)
     if not variants:
         raise BenchError("no variants given; e.g. --variants B0,S")
     if len(set(variants)) != len(variants):
         raise BenchError(f"duplicate variants in {','.join(variants)}")
     for v in variants:
-        if v not in VARIANTS:
-            raise BenchError(f"unknown variant {v!r}; choose from {', '.join(VARIANTS)}")
-        if v in CUDA_ONLY and not device.startswith("cuda"):
-            what = CONTROLS.get(v, f"rules {v} (CUDA-graph replay)")
-            raise BenchError(f"variant {v!r} needs CUDA ({what}); this bench runs on --device {device}. "
+        if v in spec.refused:
+            raise BenchError(f"variant {v!r} is not built for --model {model}: {spec.refused[v]}")
+        if v not in spec.variants():
+            raise BenchError(f"unknown variant {v!r} for --model {model}; choose from {', '.join(spec.variants())}")
+        if v in spec.cuda_only() and not device.startswith("cuda"):
+            what = spec.controls.get(v, f"rules {v} (CUDA-graph replay)")
+            why = f" {spec.controls_off_cuda}" if v in spec.controls and spec.controls_off_cuda else ""
+            raise BenchError(f"variant {v!r} needs CUDA ({what}); this bench runs on --device {device}.{why} "
                              f"On the CPU use B0 and S.")
     return variants
 
@@ -163,11 +179,19 @@ def duplex_view(chunk_ms: Mapping[str, Sequence[float]], budget_ms: float = CHUN
 
 
 def _mismatched(rec: Mapping[str, Any], ref: Mapping[str, Any] | None) -> list[str]:
-    """Which hashes of a block differ from B0's same block (all of them if B0 lacks it)."""
+    """Which hashes of a block differ from B0's same block (all of them if B0 lacks it).
+
+    ``stream`` (the PCM of the whole stream, warm-up included, from a worker's finish)
+    is compared where both records have it: a worker cut short, or the replica, has none.
+    """
     keys = (("pcm", "pcm_sha256"), ("wave", "wave_sha256"), ("state", "state_sha256"))
     if ref is None:
         return [k for k, _ in keys]
-    return [k for k, field in keys if rec.get(field) != ref.get(field)]
+    out = [k for k, field in keys if rec.get(field) != ref.get(field)]
+    if rec.get("stream_pcm_sha256") and ref.get("stream_pcm_sha256") \
+            and rec["stream_pcm_sha256"] != ref["stream_pcm_sha256"]:
+        out.append("stream")
+    return out
 
 
 def summarize(results: dict[str, list[dict[str, Any]]], meta: dict[str, Any],
@@ -181,8 +205,10 @@ def summarize(results: dict[str, list[dict[str, Any]]], meta: dict[str, Any],
     block; ``mismatched`` names the hashes that differed in any block.
     ``b0_replica``: the block records of a second, independent B0 process;
     ``b0_reproducible`` says whether its hashes equal B0's in every block they share
-    (None without a shared block).
+    (None without a shared block).  ``meta["model"]`` (default token2wav) picks the
+    cadence budget of the duplex view and the notes.
     """
+    spec = bench_model(meta.get("model") or "token2wav")
     b0 = sorted(results.get("B0", []), key=lambda r: r["block"])
     b0_by_block = {r["block"]: r for r in b0}
     b0_ms = [r["chunk_ms"] for r in b0]
@@ -216,6 +242,7 @@ def summarize(results: dict[str, list[dict[str, Any]]], meta: dict[str, Any],
             "peak_mib": max(peaks) / 2**20 if peaks else None,
             "setup_peak_mib": max(setup_peaks) / 2**20 if setup_peaks else None,
             "launches": _first(recs, "launches"),
+            "kernel_launches": _first(recs, "kernel_launches"),
             "graph_launches": _first(recs, "graph_launches"),
             "compile_s": _first(recs, "compile_s"),
             "setup_s": _first(recs, "setup_s"),
@@ -228,20 +255,24 @@ def summarize(results: dict[str, list[dict[str, Any]]], meta: dict[str, Any],
             "pcm_sha256": recs[0]["pcm_sha256"] if recs else None,
             "wave_sha256": recs[0]["wave_sha256"] if recs else None,
             "state_sha256": recs[0].get("state_sha256") if recs else None,
+            "stream_pcm_sha256": _first(recs, "stream_pcm_sha256"),
             "blocks": len(recs),
             "chunks": len(all_ms),
         }
-        for key in ("vendor_graph_calls", "vendor_eager_calls", "vendor_call_frames", "vendor_buckets"):
-            if recs and key in recs[0]:
+        for key in (recs[0] if recs else {}):  # the model's counters of a vendor path
+            if key.startswith("vendor_"):
                 rec[key] = recs[0][key]
         out["variants"][name] = rec
-    out["duplex"] = duplex_view(stream_ms)
-    out["notes"] = _notes(out["variants"])
+    out["duplex"] = duplex_view(stream_ms, spec.budget_ms)
+    targets = spec.targets(out["variants"])
+    if targets is not None:
+        out["targets"] = targets
+    out["notes"] = spec.notes(out["variants"])
     return out
 
 
-def _notes(variants: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """Findings the table cannot show: whether the vendor's graphs ran at all."""
+def _token2wav_notes(variants: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Token2Wav findings the table cannot show: whether the vendor's graphs ran at all."""
     notes = []
     v = variants.get("vendor")
     if v and v.get("vendor_graph_calls") is not None:
@@ -261,10 +292,16 @@ def _fmt(x: Any, spec: str) -> str:
     return "n/a" if x is None else format(x, spec)
 
 
+def _model_of(report: Mapping[str, Any]) -> type[BenchModel]:
+    return bench_model(report.get("model") or "token2wav")
+
+
 def markdown_table(report: dict[str, Any]) -> str:
-    head = ("| variant | p50 ms | p90 ms | speedup vs B0 | kernel ms | p50 / kernel | vocoder ms | launches | "
-            "peak MiB | compile s | exact |\n"
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|")
+    """One row per variant; the vocoder column only for a model that times one."""
+    vocoder = _model_of(report).vocoder_column
+    head = ("| variant | p50 ms | p90 ms | speedup vs B0 | kernel ms | p50 / kernel | " +
+            ("vocoder ms | " if vocoder else "") + "launches | peak MiB | compile s | exact |\n" +
+            "|---|---:|---:|---:|---:|---:|" + ("---:|" if vocoder else "") + "---:|---:|---:|:---:|")
     rows = []
     for name, v in report["variants"].items():
         if name == "B0":
@@ -273,24 +310,27 @@ def markdown_table(report: dict[str, Any]) -> str:
             exact = {None: "n/a", True: "yes"}.get(v["exact"], f"NO ({','.join(v.get('mismatched') or [])})")
         speed = "1.00x" if name == "B0" else ("n/a" if v["speedup"] is None else f"{v['speedup']:.2f}x")
         rows.append(f"| {name} | {_fmt(v['p50_ms'], '.1f')} | {_fmt(v['p90_ms'], '.1f')} | {speed} | "
-                    f"{_fmt(v['kernel_ms'], '.1f')} | {_fmt(v.get('floor_ratio'), '.2f')} | "
-                    f"{_fmt(v.get('vocoder_ms'), '.1f')} | {_fmt(v['launches'], '.0f')} | "
+                    f"{_fmt(v['kernel_ms'], '.1f')} | {_fmt(v.get('floor_ratio'), '.2f')} | " +
+                    (f"{_fmt(v.get('vocoder_ms'), '.1f')} | " if vocoder else "") +
+                    f"{_fmt(v['launches'], '.0f')} | "
                     f"{_fmt(v['peak_mib'], '.0f')} | {_fmt(v['compile_s'], '.1f')} | {exact} |")
     return "\n".join([head, *rows])
 
 
 def duplex_markdown(report: dict[str, Any]) -> str:
-    """The duplex section: every variant's share of the 1 s budget, then stock against SRc."""
+    """The duplex section: every variant's share of its unit's budget, then stock against SRc."""
     d = report["duplex"]
-    lines = [f"### Duplex view: time per chunk as a share of its {d['budget_ms'] / 1000:g} s cadence budget",
-             "", "| variant | p50 share | p90 share | max share | late chunks (share > 1) |",
+    spec = _model_of(report)
+    budget, each = spec.budget_words
+    lines = [f"### Duplex view: time per {spec.unit} as a share of its {budget} cadence budget",
+             "", f"| variant | p50 share | p90 share | max share | late {spec.unit}s (share > 1) |",
              "|---|---:|---:|---:|---:|"]
     for name, v in d["variants"].items():
         lines.append(f"| {name} | {_fmt(v['share_p50'], '.1%')} | {_fmt(v['share_p90'], '.1%')} | "
                      f"{_fmt(v['share_max'], '.1%')} | {v['misses']} of {v['chunks']} |")
     pair = [n for n in (d["stock"], d["optimized"]) if n]
     if pair:
-        said = [f"{n} uses {_fmt(d['variants'][n]['share_p50'], '.1%')} of each second at p50 "
+        said = [f"{n} uses {_fmt(d['variants'][n]['share_p50'], '.1%')} of {each} at p50 "
                 f"(max {_fmt(d['variants'][n]['share_max'], '.1%')}, {d['variants'][n]['misses']} late)" for n in pair]
         tail = ""
         if len(pair) == 2 and d["variants"][pair[1]]["share_p50"]:
@@ -302,10 +342,7 @@ def duplex_markdown(report: dict[str, Any]) -> str:
 
 def report_markdown(report: dict[str, Any]) -> str:
     """The whole report as markdown: settings, the table, the duplex view, notes, failures."""
-    head = (f"**Token2Wav bench** on {report.get('gpu') or report.get('device')}, torch {report.get('torch')}, "
-            f"{report.get('dtype')}, {report.get('n_timesteps')} flow steps, prompt {report.get('prompt_tokens')} "
-            f"tokens, {report.get('blocks')} blocks x {report.get('chunks')} chunks, {report.get('date')}")
-    parts = [head, "", markdown_table(report), "", duplex_markdown(report)]
+    parts = [_model_of(report).title(report), "", markdown_table(report), "", duplex_markdown(report)]
     if report.get("b0_reproducible") is not None:
         parts += ["", f"B0 reproducible in a second process (same PCM, waveform and state hashes in every "
                       f"block): {'yes' if report['b0_reproducible'] else 'NO'}"]
@@ -324,6 +361,8 @@ def plot(report: dict[str, Any], path: str) -> str | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
+    spec = _model_of(report)
+    budget = spec.budget_words[0]
     names = list(report["variants"])
     v = report["variants"]
     fig, (a, b, c) = plt.subplots(1, 3, figsize=(8 + 1.6 * len(names), 4))
@@ -336,8 +375,8 @@ def plot(report: dict[str, Any], path: str) -> str | None:
         a.scatter([i for i, _ in kern], [k for _, k in kern], marker="_", s=600, color="tab:red",
                   label="GPU kernel time (floor)", zorder=3)
     a.set_xticks(list(xs), names, rotation=30)
-    a.set_ylabel("ms per chunk")
-    a.set_title("latency per chunk")
+    a.set_ylabel(f"ms per {spec.unit}")
+    a.set_title(f"latency per {spec.unit}")
     a.legend(fontsize=8)
     mem = [v[n]["peak_mib"] or 0 for n in names]
     b.bar(xs, mem, color="tab:green")
@@ -346,18 +385,17 @@ def plot(report: dict[str, Any], path: str) -> str | None:
     b.set_title("peak allocated (n/a on CPU)" if not any(mem) else "peak allocated")
     d = report["duplex"]
     first = report.get("warmup") or 0
-    for name in (d["stock"], d["optimized"]):
-        if name:
+    for name in (d["stock"], d["optimized"], *(n for n in spec.duplex_plotted if n in d["variants"])):
+        if name and d["variants"][name]["chunks"]:
             share = d["variants"][name]["share_per_chunk"]
             c.plot(range(first, first + len(share)), share, marker=".", label=name)
-    c.axhline(1.0, color="tab:red", linestyle="--", label="1 s budget")
+    c.axhline(1.0, color="tab:red", linestyle="--", label=f"{budget} budget")
     c.set_ylim(bottom=0)
-    c.set_xlabel("chunk (stream order)")
-    c.set_ylabel("share of the 1 s budget")
+    c.set_xlabel(f"{spec.unit} (stream order)")
+    c.set_ylabel(f"share of the {budget} budget")
     c.set_title("duplex view")
     c.legend(fontsize=8)
-    fig.suptitle(f"{report.get('gpu') or report.get('device')}, {report.get('dtype')}, "
-                 f"{report.get('n_timesteps')} steps", fontsize=9)
+    fig.suptitle(spec.subtitle(report), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -366,16 +404,19 @@ def plot(report: dict[str, Any], path: str) -> str | None:
 
 # ---------------------------------------------------------------------------- worker
 def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", choices=("token2wav",), default="token2wav")
+    p.add_argument("--model", choices=tuple(BENCH_MODELS), default="token2wav",
+                   help="token2wav (a chunk: 25 tokens, 1 s of audio) or mimi (a chunk: one 80 ms frame, 8 codes)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    p.add_argument("--chunks", type=int, default=8, help="timed chunks per block")
+    p.add_argument("--chunks", type=int, default=None,
+                   help="timed chunks (mimi: frames) per block (default: token2wav 8, mimi 150: the first block "
+                        "passes the KV ring's wrap at frame 125)")
     p.add_argument("--blocks", type=int, default=3, help="matched blocks; each runs every variant once")
     p.add_argument("--warmup", type=int, default=DEFAULT_WARMUP,
                    help=f"untimed chunks before the blocks (default {DEFAULT_WARMUP}: until every chunk has the "
                         "steady shape)")
-    p.add_argument("--prompt-tokens", type=int, default=50)
-    p.add_argument("--n-timesteps", type=int, default=5)
-    p.add_argument("--dtype", choices=("float32", "float16"), default="float32")
+    p.add_argument("--prompt-tokens", type=int, default=50, help="token2wav only")
+    p.add_argument("--n-timesteps", type=int, default=5, help="token2wav only")
+    p.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="mimi: float32 only")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint", default=None)
     p.add_argument("--no-profile", action="store_true", help="skip the profiler chunk (CUDA)")
@@ -472,11 +513,11 @@ def _profile_chunk(model, tokens, last, device) -> dict[str, Any]:
             "graph_launches": graph_launches, "gpu_events": kernels}
 
 
-def state_sha256(state: Mapping[str, Any], n_timesteps: int) -> str:
+def state_sha256(state: Mapping[str, Any], n_timesteps: int | None = None) -> str:
     """SHA-256 over the carried state: each region's name, dtype, shape and bytes, by name.
 
-    Stock keeps 16 flow-step slots in its estimator caches and the arena only the
-    ``n_timesteps`` live ones, so those regions are hashed at ``[:n_timesteps]``.
+    Token2Wav: stock keeps 16 flow-step slots in its estimator caches and the arena only
+    the ``n_timesteps`` live ones, so those regions are hashed at ``[:n_timesteps]``.
     """
     import torch
     h = hashlib.sha256()
@@ -490,69 +531,437 @@ def state_sha256(state: Mapping[str, Any], n_timesteps: int) -> str:
     return h.hexdigest()
 
 
+# ---------------------------------------------------------------------------- models
+class BenchModel:
+    """One model's part of the bench; the driver, worker loop, statistics and report are shared.
+
+    The class serves the driver: which variants exist (and which need CUDA), what a chunk
+    is (``unit``) and its cadence budget, the report's file stem, heading and notes.  An
+    instance lives in a worker (``args``: the worker's options): it builds the stock
+    model, applies a variant, and gives the chunk sequence, a chunk's PCM bytes and the
+    carried state's hash.  A chunk is an ``(x, last)`` pair for ``model.stream(x,
+    last_chunk=last, return_waveform=True)``, which returns the float waveform.
+    """
+
+    name = ""
+    unit = "chunk"
+    budget_ms = CHUNK_BUDGET_MS
+    #: the budget as the report words it: (its length, what each share is of)
+    budget_words = ("1 s", "each second")
+    rule_variants: tuple[str, ...] = ()
+    controls: Mapping[str, str] = {}
+    #: variants this model has none of, and why
+    refused: Mapping[str, str] = {}
+    #: what the controls would do off CUDA, for the refusal
+    controls_off_cuda = ""
+    default_chunks = 8
+    vocoder_column = False
+    #: variants drawn in the duplex plot besides stock (B0) and optimized (SRc)
+    duplex_plotted: tuple[str, ...] = ()
+
+    @classmethod
+    def variants(cls) -> tuple[str, ...]:
+        return (*cls.rule_variants, *cls.controls)
+
+    @classmethod
+    def cuda_only(cls) -> tuple[str, ...]:
+        return (*(v for v in cls.rule_variants if v not in ("B0", "S")), *cls.controls)
+
+    @classmethod
+    def check_options(cls, opts: Mapping[str, Any]) -> None:
+        """Refuse options this model cannot run (a ``BenchError`` naming the option)."""
+
+    @classmethod
+    def meta(cls, opts: Mapping[str, Any]) -> dict[str, Any]:
+        """The model's settings for the report."""
+        return {}
+
+    @classmethod
+    def stem(cls, out: str, opts: Mapping[str, Any]) -> str:
+        return os.path.join(out, f"bench-{cls.name}-{opts['device'].replace(':', '')}-{opts['dtype']}")
+
+    @classmethod
+    def title(cls, report: Mapping[str, Any]) -> str:
+        raise NotImplementedError
+
+    @classmethod
+    def subtitle(cls, report: Mapping[str, Any]) -> str:
+        return f"{report.get('gpu') or report.get('device')}, {cls.name}, {report.get('dtype')}"
+
+    @classmethod
+    def notes(cls, variants: Mapping[str, Mapping[str, Any]]) -> list[str]:
+        return []
+
+    @classmethod
+    def targets(cls, variants: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | None:
+        """The model's issue targets, measured (None: the model states none)."""
+        return None
+
+    def __init__(self, args):
+        self.args = args
+
+    def build(self):
+        """The stock streaming model on ``args.device`` (seeded weights, or ``args.checkpoint``)."""
+        raise NotImplementedError
+
+    def apply(self, stock, variant: str, say: Callable[[str], None]):
+        """The model the variant streams through: ``stock`` itself, or one built from it."""
+        raise NotImplementedError
+
+    def start(self, model) -> None:
+        """Begin the stream (after ``apply``, part of the setup time)."""
+
+    def chunks(self, n: int) -> list[tuple[Any, bool]]:
+        raise NotImplementedError
+
+    def pcm_bytes(self, wav) -> bytes:
+        raise NotImplementedError
+
+    def state_sha256(self, model) -> str:
+        return state_sha256(model.state())
+
+    def reset_counters(self, model) -> None:
+        """Zero the variant's counters after the warm-up."""
+
+    def counters(self, model) -> dict[str, Any]:
+        """The variant's counters for the finish record (``vendor_*`` keys reach the report)."""
+        return {}
+
+    def vocoder_ms(self, model, stream: Callable[[], Any], device) -> float | None:
+        """Time the vocoder over one chunk (``stream()`` streams it); None: not timed."""
+        return None
+
+
+class Token2WavBench(BenchModel):
+    """Step-Audio2's Token2Wav tail: a chunk is 25 tokens, one second of audio at 25 Hz.
+
+    Every variant streams after a ``--prompt-tokens`` prompt (``set_stream_cache``); the
+    state hash covers the ``--n-timesteps`` live flow steps.
+    """
+
+    name = "token2wav"
+    rule_variants = RULE_VARIANTS
+    controls = CONTROLS
+    vocoder_column = True
+
+    @classmethod
+    def meta(cls, opts):
+        return {"n_timesteps": opts["n_timesteps"], "dtype": opts["dtype"], "prompt_tokens": opts["prompt_tokens"]}
+
+    @classmethod
+    def stem(cls, out, opts):
+        return super().stem(out, opts) + f"-nt{opts['n_timesteps']}"
+
+    @classmethod
+    def title(cls, report):
+        return (f"**Token2Wav bench** on {report.get('gpu') or report.get('device')}, torch {report.get('torch')}, "
+                f"{report.get('dtype')}, {report.get('n_timesteps')} flow steps, prompt {report.get('prompt_tokens')} "
+                f"tokens, {report.get('blocks')} blocks x {report.get('chunks')} chunks, {report.get('date')}")
+
+    @classmethod
+    def subtitle(cls, report):
+        return f"{report.get('gpu') or report.get('device')}, {report.get('dtype')}, {report.get('n_timesteps')} steps"
+
+    @classmethod
+    def notes(cls, variants):
+        return _token2wav_notes(variants)
+
+    def __init__(self, args):
+        super().__init__(args)
+        self.prompt = None
+        self.vendor_counts = None
+
+    def build(self):
+        from .cli import _build
+        tail, self.prompt = _build(self.args)
+        return tail
+
+    def apply(self, stock, variant, say):
+        import cadence_fx
+        if variant in RULE_VARIANTS and variant != "B0":
+            return cadence_fx.optimize(stock, rules=variant, progress=say)
+        if variant in CONTROLS:
+            _apply_control(stock, variant)
+        if variant == "vendor":
+            self.vendor_counts = count_vendor_calls(stock.flow.decoder.estimator)
+        return stock
+
+    def start(self, model):
+        model.set_stream_cache(*self.prompt)
+
+    def chunks(self, n):
+        from .integrations import stepaudio2 as s2
+        return s2.synthetic_chunks(n, self.args.seed)
+
+    def pcm_bytes(self, wav):
+        from .integrations import stepaudio2 as s2
+        return s2.pcm_bytes(wav)
+
+    def state_sha256(self, model):
+        return state_sha256(model.state(), self.args.n_timesteps)
+
+    def reset_counters(self, model):
+        if self.vendor_counts is not None:
+            self.vendor_counts.update(calls=0, graph=0, frames={})
+
+    def counters(self, model):
+        if self.vendor_counts is None:
+            return {}
+        c = self.vendor_counts
+        return {"vendor_graph_calls": c["graph"], "vendor_eager_calls": c["calls"] - c["graph"],
+                "vendor_call_frames": dict(c["frames"]),
+                "vendor_buckets": dict(model.flow.decoder.estimator.max_size_chunk)}
+
+    def vocoder_ms(self, model, stream, device):
+        """``HiFTGenerator.forward`` over one chunk: CUDA events (CPU: wall time).
+
+        None if the chunk made no module call to the vocoder (traced into the rule graphs).
+        """
+        import torch
+        hift = model.hift
+        inner, spans = hift.forward, []
+
+        def forward(*args, **kwargs):
+            if device.type == "cuda":
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                out = inner(*args, **kwargs)
+                end.record()
+                spans.append((start, end))
+            else:
+                t = time.perf_counter()
+                out = inner(*args, **kwargs)
+                spans.append((time.perf_counter() - t) * 1e3)
+            return out
+        hift.forward = forward
+        try:
+            stream()
+        finally:
+            del hift.forward
+        if device.type == "cuda":
+            return sum(s.elapsed_time(e) for s, e in spans) if spans else None
+        return sum(spans) if spans else None
+
+
+#: what ``--model mimi`` measures against: the same decoder, made faster by moshi itself
+MIMI_CONTROLS = {
+    "vendor": "moshi's own CUDA graphs, as moshi.server runs Mimi: CUDAGraphed decoder_transformer and "
+              "decoder, torch_compile_lazy apply_rope",
+    "vendor-nocompile": "moshi's own CUDAGraphed decoder_transformer and decoder, under its no_compile() "
+                        "(eager apply_rope: the graphs alone)",
+}
+#: issue 5: SRc at least 1.3x moshi's graphs, and within 1.15x of its kernel floor
+MIMI_TARGETS = {"vs_vendor": 1.3, "floor_ratio": 1.15}
+
+
+class MimiBench(BenchModel):
+    """moshi's Mimi decoder: a chunk is one 80 ms frame, 8 codes -> 1,920 samples at 24 kHz.
+
+    B0 is ``MimiDecoder`` (``mimi.decode`` in ``streaming(1)``, moshi's compile and graph
+    switches off); S/SR/SRc are ``OptimizedMimi``; ``vendor`` is moshi's own path
+    (``VendorMimi``).  The KV ring (250 slots, 2 per frame) wraps at frame 125, so the
+    default 150 frames per block pass it in the first block.  float32 only.
+    """
+
+    name = "mimi"
+    unit = "frame"
+    budget_ms = 80.0
+    budget_words = ("80 ms", "each 80 ms frame")
+    rule_variants = ("B0", "S", "SR", "SRc")
+    controls = MIMI_CONTROLS
+    controls_off_cuda = ("CUDA graphs need CUDA: off CUDA moshi disables its CUDAGraphed wrappers and its compile, "
+                         "so this would be the stock eager path, B0.")
+    refused = {r: "replay over stock-managed state; moshi keeps Mimi's state in streaming dataclasses, not module "
+                  "buffers: use SR or SRc" for r in ("R", "Rc")}
+    default_chunks = 150
+    duplex_plotted = tuple(MIMI_CONTROLS)
+
+    @classmethod
+    def check_options(cls, opts):
+        if opts.get("dtype", "float32") != "float32":
+            raise BenchError(f"--model mimi runs in float32 (as moshi runs Mimi); got --dtype {opts['dtype']}")
+
+    @classmethod
+    def meta(cls, opts):
+        from .integrations import moshi as mm
+        return {"dtype": "float32", "unit": cls.unit, "frame_samples": mm.FRAME_SAMPLES, "sample_rate": 24000,
+                "codebooks": mm.N_Q, "upstream": f"moshi {mm.UPSTREAM_VERSION}"}
+
+    @classmethod
+    def title(cls, report):
+        return (f"**Mimi bench** (moshi decode, one 80 ms frame = 8 codes -> 1,920 samples per chunk) on "
+                f"{report.get('gpu') or report.get('device')}, torch {report.get('torch')}, float32, "
+                f"{report.get('blocks')} blocks x {report.get('chunks')} frames after {report.get('warmup')} "
+                f"warm-up frames, {report.get('date')}")
+
+    @classmethod
+    def subtitle(cls, report):
+        return f"{report.get('gpu') or report.get('device')}, Mimi decode, float32"
+
+    @classmethod
+    def targets(cls, variants):
+        """SRc against each vendor control (median over blocks of ``vendor p50 / SRc p50``), SRc's
+        p50 over its kernel floor, and whether SRc replays the whole frame as one exact graph."""
+        s = variants.get("SRc")
+        if not s:
+            return None
+        vs = {}
+        for name in MIMI_CONTROLS:
+            v = variants.get(name)
+            if v and s["block_p50_ms"] and v["block_p50_ms"]:
+                vs[name] = paired_speedups([[x] for x in v["block_p50_ms"]],
+                                           [[x] for x in s["block_p50_ms"]])["median"]
+        fr, g = s.get("floor_ratio"), s.get("graph_launches")
+        return {"vs_vendor_min": MIMI_TARGETS["vs_vendor"], "vs": vs,
+                "vs_met": {n: r >= MIMI_TARGETS["vs_vendor"] for n, r in vs.items()},
+                "floor_ratio_max": MIMI_TARGETS["floor_ratio"], "floor_ratio": fr,
+                "floor_ratio_met": None if fr is None else fr <= MIMI_TARGETS["floor_ratio"],
+                "graph_launches": g, "kernel_launches": s.get("kernel_launches"), "exact": s["exact"],
+                "one_replay": None if g is None else g == 1 and s["exact"] is True}
+
+    @classmethod
+    def notes(cls, variants):
+        notes = []
+        for name in MIMI_CONTROLS:
+            v = variants.get(name)
+            if not v or v.get("vendor_graphed_calls") is None:
+                continue
+            calls, replays = v["vendor_graphed_calls"], v["vendor_replays"]
+            graphed = " and ".join(v.get("vendor_graphed") or [])
+            eager = " and ".join(v.get("vendor_eager") or [])
+            rope = "torch.compile'd (moshi's torch_compile_lazy)" if v.get("vendor_compile") else "eager (no_compile)"
+            line = (f"{name}: moshi's CUDAGraphed wrappers ({graphed}) replayed {replays} of their {calls} calls in "
+                    f"the timed frames; {eager} run eagerly between them, as do the copies into the graphs' static "
+                    f"inputs and the clone of the decoder's output; rope {rope}")
+            if v.get("graph_launches") is not None:
+                line += (f". The profiled frame: {v['kernel_launches']} kernels launched outside its graphs, "
+                         f"{v['graph_launches']} graph launches")
+            if replays == 0:
+                line += ". Its graphs never replayed: its numbers are the eager path's"
+            notes.append(line + ".")
+        split = [f"{n} {v['kernel_launches']} + {v['graph_launches']}" for n, v in variants.items()
+                 if v.get("kernel_launches") is not None and v.get("graph_launches") is not None]
+        if split:
+            notes.append("Launches in the profiled frame, kernels + CUDA graphs: " + "; ".join(split) + ".")
+        t = cls.targets(variants)
+        if t:
+            said = [f"SRc is {r:.2f}x {n} (median of per-block paired ratios; target >= {t['vs_vendor_min']}x: "
+                    f"{'met' if t['vs_met'][n] else 'NOT met'})" for n, r in t["vs"].items()]
+            if t["floor_ratio"] is not None:
+                said.append(f"SRc p50 / kernel floor {t['floor_ratio']:.2f} (target <= {t['floor_ratio_max']}: "
+                            f"{'met' if t['floor_ratio_met'] else 'NOT met'})")
+            if t["one_replay"] is not None:
+                said.append(f"the whole frame in one exact replay: {'yes' if t['one_replay'] else 'NO'} "
+                            f"({t['graph_launches']} graph launches, {t['kernel_launches']} kernels outside, "
+                            f"exact {t['exact']})")
+            if said:
+                notes.append("Targets (issue 5): " + "; ".join(said) + ".")
+        return notes
+
+    def build(self):
+        from .cli import _build_mimi
+        return _build_mimi(self.args)
+
+    def apply(self, stock, variant, say):
+        import cadence_fx
+        from .integrations import moshi as mm
+        if variant in MIMI_CONTROLS:
+            return mm.VendorMimi(stock.mimi, compile=variant == "vendor")
+        if variant != "B0":
+            return cadence_fx.optimize(stock, rules=variant, progress=say)
+        return stock
+
+    def chunks(self, n):
+        from .integrations import moshi as mm
+        return mm.synthetic_codes(n, self.args.seed)
+
+    def pcm_bytes(self, wav):
+        from .integrations import moshi as mm
+        return mm.pcm_bytes(wav)
+
+    def reset_counters(self, model):
+        if hasattr(model, "graph_calls"):
+            model.graph_calls.update(calls=0, replays=0)
+
+    def counters(self, model):
+        if not hasattr(model, "graph_calls"):
+            return {}
+        from .integrations import moshi as mm
+        return {"vendor_graphed_calls": model.graph_calls["calls"], "vendor_replays": model.graph_calls["replays"],
+                "vendor_graphed": list(mm.VENDOR_GRAPHED.values()), "vendor_eager": list(mm.VENDOR_EAGER),
+                "vendor_compile": model.compile}
+
+
+BENCH_MODELS: dict[str, type[BenchModel]] = {"token2wav": Token2WavBench, "mimi": MimiBench}
+
+
+def bench_model(name: str) -> type[BenchModel]:
+    if name not in BENCH_MODELS:
+        raise BenchError(f"unknown model {name!r}; choose from {', '.join(BENCH_MODELS)}")
+    return BENCH_MODELS[name]
+
+
 class BenchWorker:
-    """One variant, set up once, then streaming the shared chunk sequence block by block.
+    """One variant of one model, set up once, then streaming the shared chunk sequence block by block.
 
     Chunk ``i`` of the sequence: ``warmup`` untimed chunks, then ``blocks x chunks``
     timed ones (block ``b`` from ``warmup + b * chunks``), then one vocoder-timing and one
     profiler chunk.  Blocks must come in order: the streaming state carries across them.
+    What is model-specific (build, variant, chunks, PCM, state) is ``args.model``'s
+    ``BenchModel``.
     """
 
     def __init__(self, args, say: Callable[[str], None]):
         import torch
         from .verify import deterministic_protocol
-        check_variants([args.variant], args.device)
+        check_variants([args.variant], args.device, args.model)
+        spec = bench_model(args.model)
+        spec.check_options(vars(args))
+        args.chunks = args.chunks or spec.default_chunks
         self.args = args
         self.device = torch.device(args.device)
         if self.device.type == "cuda":
             deterministic_protocol()
-        import cadence_fx
-        from .cli import _build
-        from .integrations import stepaudio2 as s2
-        self.s2 = s2
+        self.bm = spec(args)
         t0 = time.perf_counter()
-        self.tail, (pt, pm, spk) = _build(args)
+        stock = self.bm.build()
         self.build_s = time.perf_counter() - t0
-        self.vendor_counts = None
         t0 = time.perf_counter()
-        if args.variant in RULE_VARIANTS and args.variant != "B0":
-            self.model = cadence_fx.optimize(self.tail, rules=args.variant, progress=say)
-            # a user of the optimized tail keeps no stock one: its 2,000 MiB buffer must not
+        self.model = self.bm.apply(stock, args.variant, say)
+        if self.model is not stock:
+            # a user of the optimized model keeps no stock one: its buffers and state must not
             # count in this variant's peak (the optimized model shares only parameters)
-            self.tail = None
+            del stock
             import gc
             gc.collect()
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
-        else:
-            self.model = self.tail
-            if args.variant in CONTROLS:
-                _apply_control(self.tail, args.variant)
-            if args.variant == "vendor":
-                self.vendor_counts = count_vendor_calls(self.tail.flow.decoder.estimator)
-        self.model.set_stream_cache(pt, pm, spk)
+        self.bm.start(self.model)
         _sync(self.device)
         self.setup_s = time.perf_counter() - t0
-        self.chunks = s2.synthetic_chunks(args.warmup + args.blocks * args.chunks + 2, args.seed)
+        self.chunks = self.bm.chunks(args.warmup + args.blocks * args.chunks + 2)
+        self.stream_pcm = hashlib.sha256()  # every chunk's PCM, warm-up and blocks, in stream order
         t1 = time.perf_counter()
         self.warmup_ms = [self._stream(i)[1] for i in range(args.warmup)]
         self.warmup_s = time.perf_counter() - t1
         self.setup_peak = self._take_peak()
-        if self.vendor_counts is not None:  # count the timed chunks only
-            self.vendor_counts.update(calls=0, graph=0, frames={})
+        self.bm.reset_counters(self.model)  # count the timed chunks only
         self.peak = None if self.setup_peak is None else 0
         self.next_block = 0
         self.timed_ms: list[float] = []
 
-    def _stream(self, i: int):
+    def _stream(self, i: int, hashed: bool = True):
         import torch
-        tokens, last = self.chunks[i]
+        x, last = self.chunks[i]
         torch.manual_seed(self.args.seed * 1000 + i)  # seeds the CUDA generators too
         _sync(self.device)
         a = time.perf_counter()
-        wav = self.model.stream(tokens, last_chunk=last, return_waveform=True)
+        wav = self.model.stream(x, last_chunk=last, return_waveform=True)
         _sync(self.device)
-        return wav, (time.perf_counter() - a) * 1e3
+        ms = (time.perf_counter() - a) * 1e3
+        if hashed:
+            self.stream_pcm.update(self.bm.pcm_bytes(wav))
+        return wav, ms
 
     def _take_peak(self) -> int | None:
         """Peak bytes allocated since the last call (CUDA; None on the CPU), then restart the count."""
@@ -580,47 +989,17 @@ class BenchWorker:
         for i in range(a.warmup + b * a.chunks, a.warmup + (b + 1) * a.chunks):
             wav, t = self._stream(i)
             ms.append(t)
-            pcm.update(self.s2.pcm_bytes(wav))
+            pcm.update(self.bm.pcm_bytes(wav))
             wave.update(wav.tobytes())
         peak = self._take_peak()  # before hashing the state, which copies it to the host
         if peak is not None:
             self.peak = max(self.peak, peak)
-        state = state_sha256(self.model.state(), a.n_timesteps)
+        state = self.bm.state_sha256(self.model)
         self._take_peak()
         self.next_block += 1
         self.timed_ms += ms
         return {"event": "block", "variant": a.variant, "block": b, "chunk_ms": ms, "pcm_sha256": pcm.hexdigest(),
                 "wave_sha256": wave.hexdigest(), "state_sha256": state}
-
-    def _vocoder_ms(self, i: int) -> float | None:
-        """Stream chunk ``i`` timing ``HiFTGenerator.forward``: CUDA events (CPU: wall time).
-
-        None if the chunk made no module call to the vocoder (traced into the rule graphs).
-        """
-        import torch
-        hift = self.model.hift
-        inner, spans = hift.forward, []
-
-        def forward(*args, **kwargs):
-            if self.device.type == "cuda":
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                out = inner(*args, **kwargs)
-                end.record()
-                spans.append((start, end))
-            else:
-                t = time.perf_counter()
-                out = inner(*args, **kwargs)
-                spans.append((time.perf_counter() - t) * 1e3)
-            return out
-        hift.forward = forward
-        try:
-            self._stream(i)
-        finally:
-            del hift.forward
-        if self.device.type == "cuda":
-            return sum(s.elapsed_time(e) for s, e in spans) if spans else None
-        return sum(spans) if spans else None
 
     def finish(self) -> dict[str, Any]:
         """Peak memory, counters, vocoder time and the profiler chunk (CUDA), after the blocks."""
@@ -631,20 +1010,18 @@ class BenchWorker:
                                "setup_s": self.setup_s, "warmup_ms": self.warmup_ms}
         steady = statistics.median(self.timed_ms) / 1e3 if self.timed_ms else 0.0
         rec["compile_s"] = self.setup_s + max(0.0, self.warmup_s - a.warmup * steady)
+        if self.next_block == a.blocks:  # the whole stream ran: its PCM hash covers warm-up and every block
+            rec["stream_pcm_sha256"] = self.stream_pcm.hexdigest()
         if hasattr(self.model, "stats"):  # cadence_fx models count fallbacks; stock has none
             rec["fallbacks"] = self.model.stats().get("fallback_total")
-        if self.vendor_counts is not None:
-            c = self.vendor_counts
-            est = self.tail.flow.decoder.estimator
-            rec.update(vendor_graph_calls=c["graph"], vendor_eager_calls=c["calls"] - c["graph"],
-                       vendor_call_frames=dict(c["frames"]), vendor_buckets=dict(est.max_size_chunk))
+        rec.update(self.bm.counters(self.model))
         i = a.warmup + a.blocks * a.chunks
-        rec["vocoder_ms"] = self._vocoder_ms(i)
+        rec["vocoder_ms"] = self.bm.vocoder_ms(self.model, lambda: self._stream(i, hashed=False), self.device)
         rec.update(kernel_ms=None, launches=None, graph_launches=None)
         if self.device.type == "cuda" and not a.no_profile:
-            tokens, last = self.chunks[i + 1]
+            x, last = self.chunks[i + 1]
             torch.manual_seed(a.seed * 1000 + i + 1)
-            rec.update(_profile_chunk(self.model, tokens, last, self.device))
+            rec.update(_profile_chunk(self.model, x, last, self.device))
         return rec
 
 
@@ -897,10 +1274,6 @@ def _worker_env() -> dict[str, str]:
     return env
 
 
-def _stem(out: str, device: str, dtype: str, n_timesteps: int) -> str:
-    return os.path.join(out, f"bench-token2wav-{device.replace(':', '')}-{dtype}-nt{n_timesteps}")
-
-
 def write_report(report: dict[str, Any], stem: str, with_plot: bool) -> None:
     """``<stem>.json`` and ``<stem>.md`` (and ``<stem>.png`` with matplotlib if ``with_plot``)."""
     report["json"], report["md"] = stem + ".json", stem + ".md"
@@ -912,39 +1285,45 @@ def write_report(report: dict[str, Any], stem: str, with_plot: bool) -> None:
         json.dump(report, f, indent=2)
 
 
-def run_bench(variants: Sequence[str], *, device: str = "cpu", chunks: int = 8, blocks: int = 3,
+def run_bench(variants: Sequence[str], *, model: str = "token2wav", device: str = "cpu", chunks: int | None = None,
+              blocks: int = 3,
               warmup: int = DEFAULT_WARMUP, prompt_tokens: int = 50, n_timesteps: int = 5, dtype: str = "float32",
               seed: int = 0, checkpoint: str | None = None, out: str | None = None, profile: bool = True,
               setup_timeout: float = SETUP_TIMEOUT_S, block_timeout: float = BLOCK_TIMEOUT_S,
               python: str = sys.executable, command: str | None = None,
               worker_command: Callable[[str], list[str]] | None = None,
               progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Run the variants in their own worker processes; summarize; write JSON/markdown/PNG into ``out``.
+    """Run the variants of ``model`` in their own worker processes; summarize; write JSON/markdown/PNG into ``out``.
 
+    ``chunks``: timed chunks per block (None: the model's default; a Mimi chunk is one
+    80 ms frame).  ``prompt_tokens`` and ``n_timesteps`` are Token2Wav's.
     ``worker_command(variant)`` gives a worker's command line (default: this module's
     ``--worker`` with the options above).  With ``out`` the report is rewritten after
     every block and every finish (``"complete": false`` until the end), so a run cut
     short keeps its data.
     """
-    variants = check_variants(variants, device)
+    spec = bench_model(model)
+    variants = check_variants(variants, device, model)
     if "B0" not in variants:
         variants = ["B0", *variants]  # speedups and exactness are against B0
+    chunks = spec.default_chunks if chunks is None else chunks
     if chunks < 1 or blocks < 1 or warmup < 0:
         raise BenchError("--chunks and --blocks must be >= 1, --warmup >= 0")
-    opts = dict(device=device, chunks=chunks, blocks=blocks, warmup=warmup, prompt_tokens=prompt_tokens,
+    opts = dict(model=model, device=device, chunks=chunks, blocks=blocks, warmup=warmup, prompt_tokens=prompt_tokens,
                 n_timesteps=n_timesteps, dtype=dtype, seed=seed, checkpoint=checkpoint, no_profile=not profile)
+    spec.check_options(opts)
     worker_command = worker_command or (lambda v: _worker_cmd(python, v, opts))
     say = progress or (lambda m: print(f"[cadence-fx bench] {m}", file=sys.stderr, flush=True))
     order = rotating_order(variants, blocks)
     meta = {
-        "model": "token2wav", "gpu": None, "torch": None,
+        "model": model, "gpu": None, "torch": None,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": command or " ".join(sys.argv), "device": device, "n_timesteps": n_timesteps, "dtype": dtype,
-        "prompt_tokens": prompt_tokens, "chunks": chunks, "blocks": blocks, "warmup": warmup, "seed": seed,
+        "command": command or " ".join(sys.argv), "device": device, **spec.meta(opts),
+        "chunks": chunks, "blocks": blocks, "warmup": warmup, "seed": seed,
         "order": [f"{b}:{v}" for b, v in order], "deterministic_protocol": device.startswith("cuda"),
-        "budget_ms": CHUNK_BUDGET_MS, "setup": "concurrent (all workers at once)",
+        "budget_ms": spec.budget_ms, "setup": "concurrent (all workers at once)",
     }
-    stem = _stem(out, device, dtype, n_timesteps) if out else None
+    stem = spec.stem(out, opts) if out else None
     log_dir = os.path.join(out, "logs") if out else tempfile.mkdtemp(prefix="cadence-fx-bench-")
     meta["logs"] = log_dir
     names = [*variants, B0_REPLICA]
@@ -1001,7 +1380,9 @@ def _setup_fields(ready: dict | None) -> dict[str, Any]:
 def add_bench_args(p: argparse.ArgumentParser) -> None:
     """The ``bench`` options (for wiring into the ``cadence-fx`` CLI)."""
     p.add_argument("--variants", default="B0,S",
-                   help=f"comma-separated, from {','.join(VARIANTS)}; CUDA only: {','.join(CUDA_ONLY)}")
+                   help="comma-separated; " + "; ".join(
+                       f"{m}: {','.join(spec.variants())} (CUDA only: {','.join(spec.cuda_only())})"
+                       for m, spec in BENCH_MODELS.items()))
     p.add_argument("--out", default=None, help="directory for the JSON, markdown, PNG (with matplotlib) and "
                                                "the workers' logs")
     p.add_argument("--json", action="store_true", help="last stdout line: the report as JSON")
@@ -1016,7 +1397,8 @@ def cmd_bench(args) -> int:
     # SIGTERM (``timeout``, a job scheduler) unwinds like Ctrl-C, so the workers are killed too
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
-        report = run_bench([v.strip() for v in args.variants.split(",") if v.strip()], device=args.device,
+        report = run_bench([v.strip() for v in args.variants.split(",") if v.strip()], model=args.model,
+                           device=args.device,
                            chunks=args.chunks, blocks=args.blocks, warmup=args.warmup,
                            prompt_tokens=args.prompt_tokens, n_timesteps=args.n_timesteps, dtype=args.dtype,
                            seed=args.seed, checkpoint=args.checkpoint, out=args.out, profile=not args.no_profile,

@@ -244,8 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="cadence-fx-demo")
     p.set_defaults(fn=cmd_demo)
     from .bench import add_bench_args, cmd_bench
-    p = sub.add_parser("bench", help="variants side by side: one long-lived process per variant, matched "
-                                     "blocks interleaved, exactness vs stock (CUDA parts not yet run on a GPU)")
+    p = sub.add_parser("bench", help="variants side by side (--model token2wav|mimi): one long-lived process per "
+                                     "variant, matched blocks interleaved, exactness vs stock")
     add_bench_args(p)
     p.set_defaults(fn=cmd_bench)
     from .serve import add_serve_args, cmd_serve_sim, cmd_soak
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     add_serve_args(p, soak_cmd=True)
     p.set_defaults(fn=cmd_soak)
     args = parser.parse_args(argv)
-    if getattr(args, "chunks", 1) < 1:
+    if getattr(args, "chunks", None) is not None and args.chunks < 1:  # bench: None is the model's default
         parser.error("--chunks must be >= 1")
     try:
         return args.fn(args)

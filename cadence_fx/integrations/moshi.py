@@ -87,7 +87,8 @@ def upstream_modules() -> dict[str, Any]:
             "config": module_constants("moshi", "models.loaders",
                                        ("_seanet_kwargs", "_quantizer_kwargs", "_transformer_kwargs")),
             # moshi's own switches: no torch.compile'd rope, no CUDAGraphed wrappers (eager, B0)
-            "eager": lambda: _entered(compile_.no_compile(), compile_.no_cuda_graph())}
+            "eager": lambda: _entered(compile_.no_compile(), compile_.no_cuda_graph()),
+            "no_compile": compile_.no_compile}
 
 
 def _entered(*contexts) -> contextlib.ExitStack:
@@ -264,6 +265,55 @@ class MimiDecoder(_Stream):
 
     def state(self) -> dict[str, torch.Tensor]:
         return read_state(self.mimi)
+
+
+#: what moshi's CUDA graphs cover in ``MimiModel.decode`` (``_MimiState`` field -> module),
+#: and what ``decode`` runs eagerly between them
+VENDOR_GRAPHED = {"graphed_tr_dec": "decoder_transformer", "graphed_decoder": "decoder"}
+VENDOR_EAGER = ("quantizer.decode", "upsample")
+
+
+class VendorMimi(MimiDecoder):
+    """moshi's own fast path, as ``moshi.server`` runs Mimi: ``mimi.decode`` inside
+    ``streaming_forever(1)`` with moshi's switches at their defaults (a benchmark
+    control, not the oracle: that is ``MimiDecoder``).
+
+    On CUDA, ``MimiModel._init_streaming_state`` wraps ``decoder_transformer`` and
+    ``decoder`` (SEANet) in ``CUDAGraphed``: each runs eagerly on its first call and is
+    captured on its second, then replayed (its tensor arguments copied into static
+    inputs).  ``decode`` runs the quantizer's decode and the upsample eagerly between
+    them.  moshi's ``torch_compile_lazy`` also compiles ``apply_rope`` on CUDA;
+    ``compile=False`` keeps it eager (moshi's ``no_compile()``: its graphs only).  On
+    the CPU moshi disables both, so this is the stock eager path.
+    """
+
+    def __init__(self, mimi, compile: bool = True):
+        self.compile = compile
+        self.graph_calls = {"calls": 0, "replays": 0}
+        super().__init__(mimi)
+
+    def reset(self) -> None:
+        super().reset()  # a fresh _MimiState: new CUDAGraphed wrappers, captured again
+        state = self.mimi._streaming_state
+        for field in VENDOR_GRAPHED:
+            setattr(state, field, _CountedGraphed(getattr(state, field), self.graph_calls))
+
+    @torch.no_grad()
+    def _decode(self, codes: torch.Tensor) -> torch.Tensor:
+        with contextlib.nullcontext() if self.compile else upstream_modules()["no_compile"]():
+            return self.mimi.decode(codes)[0]
+
+
+class _CountedGraphed:
+    """Stands in for one of moshi's ``CUDAGraphed`` wrappers; counts calls and replays."""
+
+    def __init__(self, graphed, counts: dict[str, int]):
+        self.graphed, self.counts = graphed, counts
+
+    def __call__(self, *args):
+        self.counts["calls"] += 1
+        self.counts["replays"] += self.graphed._graph is not None  # captured before this call: a replay
+        return self.graphed(*args)
 
 
 # --------------------------------------------------------------------------- adapter
