@@ -17,13 +17,12 @@ import torch
 
 from cadence_fx import bench
 
+from marks import cuda
+
 needs_moshi = pytest.mark.skipif(importlib.util.find_spec("moshi") is None,
                                  reason="moshi is not installed: pip install --no-deps moshi==0.2.13 (README)")
 
 
-def cuda(fn):
-    """CUDA only: selected by ``-m cuda``, skipped cleanly without a device."""
-    return pytest.mark.cuda(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")(fn))
 
 
 MIMI = {"model": "mimi", "gpu": "H", "torch": "x", "date": "d", "command": "c", "dtype": "float32", "warmup": 3,
