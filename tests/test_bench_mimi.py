@@ -13,7 +13,6 @@ import json
 import os
 
 import pytest
-import torch
 
 from cadence_fx import bench
 
