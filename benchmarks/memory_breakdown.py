@@ -2,7 +2,8 @@
 
 After ``optimize`` + prompt setup + warm-up chunks it attributes every live block
 (``torch.cuda.memory_snapshot``) to a named owner: the weights, each module buffer,
-the session's arena, the CUDA-graph private pool, or "other" (with its size). Then it
+the session's arena, the CUDA-graph private pool, or "other" (with its size and the
+source line that allocated it: the allocator's history is on from the start). Then it
 records the allocator's history over one steady-state chunk
 (``torch.cuda.memory._record_memory_history``) and prints the peak over that chunk
 with the allocations live at that moment and the source line that made each.
@@ -54,22 +55,24 @@ def attribute(snapshot, spans) -> dict:
                 name = next((n for lo, hi, n in spans if lo <= addr < hi), None)
                 if name is None:
                     name = "cuda-graph pool (live)" if pool else "other"
-                    if not pool:
-                        others[blk["size"]] += 1
+                    if not pool:  # with the allocation's source line (history is recorded from the start)
+                        others[(blk["size"], frame(blk.get("frames", [])))] += 1
                 totals[name] += blk["size"]
             elif pool and blk["state"] == "inactive":
                 totals["cuda-graph pool (reserved, free)"] += blk["size"]
             addr += blk["size"]
     return {"by_owner_mib": {k: round(v / MiB, 2) for k, v in totals.most_common()},
-            "other_blocks": {f"{s / MiB:.2f} MiB": n for s, n in sorted(others.items(), reverse=True)[:12]}}
+            "other_blocks": [{"mib": round(size / MiB, 2), "count": n, "allocated_at": where}
+                             for (size, where), n in sorted(others.items(), reverse=True)[:16]]}
 
 
 def frame(frames) -> str:
-    for f in frames:
-        fn = f.get("filename", "")
-        if "cadence_fx" in fn or "stepaudio2" in fn or "site-packages/torch/nn" in fn:
-            return f"{fn.split('site-packages/')[-1]}:{f.get('line')} {f.get('name')}"
-    return f"{frames[0].get('filename')}:{frames[0].get('line')}" if frames else "?"
+    """The innermost frame in our code or upstream's, else the innermost Python frame."""
+    def fmt(f):
+        return f"{f.get('filename', '?').split('site-packages/')[-1]}:{f.get('line')} {f.get('name')}"
+    ours = [f for f in frames if any(k in f.get("filename", "") for k in ("cadence_fx", "stepaudio2", "moshi"))]
+    py = [f for f in frames if f.get("filename", "").endswith(".py")]
+    return fmt((ours or py or frames or [{}])[0]) if frames else "?"
 
 
 def chunk_peak(trace) -> dict:
@@ -100,6 +103,7 @@ def main() -> None:
         raise SystemExit("memory_breakdown needs CUDA")
     deterministic_protocol()
     dev = torch.device("cuda")
+    torch.cuda.memory._record_memory_history(max_entries=1_000_000)  # every block's allocation stack
     flow, hift = s2.build_modules(0)
     tail = s2.Token2WavTail(flow.to(dev), hift.to(dev), n_timesteps=a.n_timesteps)
     report = {"rules": a.rules, "n_timesteps": a.n_timesteps, "torch": torch.__version__,
@@ -122,6 +126,7 @@ def main() -> None:
     report["static"] = attribute(torch.cuda.memory_snapshot(), owners(opt, flow, hift))
     torch.cuda.reset_peak_memory_stats(dev)
     base = torch.cuda.memory_allocated(dev)
+    torch.cuda.memory._record_memory_history(enabled=None)  # restart: the trace holds one chunk only
     torch.cuda.memory._record_memory_history(max_entries=200000)
     torch.manual_seed(a.warmup)
     opt.stream(chunks[a.warmup][0], last_chunk=False, return_waveform=True)
