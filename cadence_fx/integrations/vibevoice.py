@@ -242,7 +242,9 @@ def arena_cache_class():
         def set(self, layer_id, sample_indices, states):
             c = self._carry(layer_id)
             old = tuple(self.state[c.region].shape)
-            want = old if isinstance(c.retention, Fixed) else (*old[:2], min(old[2] + c.step_frames, c.retention.retain))
+            want = old
+            if isinstance(c.retention, Window):  # grows by the step's input frames, up to retain
+                want = (*old[:2], min(old[2] + c.step_frames, c.retention.retain))
             if c.region in self.next_state or tuple(states.shape) != want:
                 twice = " twice" if c.region in self.next_state else ""
                 raise DeclarationError(f"region {c.region!r}: upstream wrote {tuple(states.shape)}{twice} after a "
@@ -281,7 +283,8 @@ def latent_tensor(latent, dtype: torch.dtype, device: torch.device) -> torch.Ten
     return latent.reshape(1, VAE_DIM, 1).contiguous()
 
 
-def synthetic_latents(n_frames: int, seed: int = 0, dtype=torch.float32, device="cpu") -> list[tuple[torch.Tensor, bool]]:
+def synthetic_latents(n_frames: int, seed: int = 0, dtype=torch.float32,
+                      device="cpu") -> list[tuple[torch.Tensor, bool]]:
     """``n_frames`` seeded latent frames [1, 64, 1] (standard normal), as (latent, last) pairs."""
     g = torch.Generator().manual_seed(40_000 + seed)
     return [(torch.randn(1, VAE_DIM, 1, generator=g).to(device=device, dtype=dtype), False) for _ in range(n_frames)]
