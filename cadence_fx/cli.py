@@ -13,7 +13,11 @@ import sys
 import time
 from typing import Any
 
-MODELS = ("token2wav", "mimi")
+MODELS = ("token2wav", "mimi", "vibevoice")
+#: the dtypes each model runs: Token2Wav's flow in fp32 or upstream's fp16, Mimi as moshi
+#: runs it, VibeVoice's decoder in any (VibeVoice itself runs bfloat16)
+DTYPES = {"token2wav": ("float32", "float16"), "mimi": ("float32",),
+          "vibevoice": ("float32", "float16", "bfloat16")}
 
 
 def _add_model_args(p: argparse.ArgumentParser, *, weights: bool = True, rules: str | None = "S") -> None:
@@ -21,17 +25,25 @@ def _add_model_args(p: argparse.ArgumentParser, *, weights: bool = True, rules: 
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--prompt-tokens", type=int, default=50, help="prompt length P in tokens (mel frames = 2P)")
     p.add_argument("--n-timesteps", type=int, default=5, help="flow-matching steps per chunk (upstream: 5 or 10)")
-    p.add_argument("--dtype", choices=("float32", "float16"), default="float32")
+    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32",
+                   help="; ".join(f"{m}: {' or '.join(d)}" for m, d in DTYPES.items()))
     if weights:
         p.add_argument("--seed", type=int, default=0, help="seeds the weights, the prompt and the tokens")
         p.add_argument("--checkpoint", default=None, help="token2wav: directory with upstream flow.pt and hift.pt; "
-                                                          "mimi: moshi's .safetensors or a torch.save'd state dict")
+                                                          "mimi: moshi's .safetensors or a torch.save'd state dict; "
+                                                          "vibevoice: the acoustic tokenizer's .safetensors or "
+                                                          "torch.save'd state dict")
     p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
     if rules is not None:
         p.add_argument("--rules", default=rules, help="S (CPU or CUDA); on CUDA, replay: SR (per DiT "
                                                       "call) or SRc (per chunk) over the arena, R or Rc over "
                                                       "stock-managed state" + ("; auto: SRc on CUDA, S on CPU"
                                                                           if rules == "auto" else ""))
+
+
+def _check_dtype(args) -> None:
+    if args.dtype not in DTYPES[args.model]:
+        raise SystemExit(f"--model {args.model} runs {' or '.join(DTYPES[args.model])}, not --dtype {args.dtype}")
 
 
 def _progress(quiet: bool):
@@ -41,15 +53,13 @@ def _progress(quiet: bool):
 
 
 def _build(args) -> tuple[Any, Any]:
-    import torch
     from .integrations import stepaudio2 as s2
     if args.prompt_tokens < 1:
         raise SystemExit("--prompt-tokens must be >= 1")
     if not 1 <= args.n_timesteps <= 16:
         raise SystemExit("--n-timesteps must be in 1..16 (upstream keeps 16 step slots)")
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit(f"--device {args.device}: CUDA is not available on this machine")
+    _check_dtype(args)
+    device = _device(args)
     flow, hift = s2.build_modules(args.seed, args.checkpoint)
     tail = s2.Token2WavTail(flow.to(device), hift.to(device), n_timesteps=args.n_timesteps,
                             float16=args.dtype == "float16")
@@ -59,24 +69,42 @@ def _build(args) -> tuple[Any, Any]:
 
 def _build_mimi(args):
     """Mimi (moshi) at the released configuration, seeded; fp32 only."""
-    import torch
     from .integrations import moshi as mm
-    if args.dtype != "float32":
-        raise SystemExit("--model mimi runs in float32 (as moshi runs Mimi)")
+    _check_dtype(args)
+    return mm.MimiDecoder(mm.build_mimi(args.seed, args.checkpoint).to(_device(args)))
+
+
+def _build_vibevoice(args):
+    """VibeVoice's acoustic decoder at the released configuration, seeded, in ``--dtype``
+    (VibeVoice itself runs bfloat16 on GPU)."""
+    import torch
+    from .integrations import vibevoice as vv
+    _check_dtype(args)
+    device = _device(args)
+    model = vv.build_acoustic_tokenizer(args.seed, args.checkpoint)
+    return vv.VibeVoiceDecoder(model.to(device=device, dtype=getattr(torch, args.dtype)))
+
+
+def _device(args):
+    import torch
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit(f"--device {args.device}: CUDA is not available on this machine")
-    return mm.MimiDecoder(mm.build_mimi(args.seed, args.checkpoint).to(device))
+    return device
 
 
 def cmd_explain(args) -> int:
     import torch
     from .integrations import stepaudio2 as s2
     from .compiler import build_plan
+    _check_dtype(args)
     device = torch.device(args.device)
     if args.model == "mimi":
         from .integrations import moshi as mm
         plan = build_plan(mm.explain_adapter(device))
+    elif args.model == "vibevoice":
+        from .integrations import vibevoice as vv
+        plan = build_plan(vv.explain_adapter(device, getattr(torch, args.dtype)))
     else:
         plan = build_plan(s2.explain_adapter(args.prompt_tokens, args.n_timesteps, args.dtype == "float16", device))
     doc = plan.to_json()
@@ -95,8 +123,9 @@ def _partition_preview(args) -> tuple[dict, str]:
     import cadence_fx
     from .compiler import preview_partition
     args.seed, args.checkpoint = 0, None
-    if args.model == "mimi":  # one decode is one step: SR and SRc capture the same graph
-        opt = cadence_fx.optimize(_build_mimi(args), rules="S", progress=_progress(args.json))
+    if args.model in ("mimi", "vibevoice"):  # one decode is one step: SR and SRc capture the same graph
+        stock = _build_mimi(args) if args.model == "mimi" else _build_vibevoice(args)
+        opt = cadence_fx.optimize(stock, rules="S", progress=_progress(args.json))
         exe, adapter = opt.executable, opt.adapter
     else:
         tail, (pt, pm, spk) = _build(args)
@@ -130,6 +159,16 @@ def cmd_verify(args) -> int:
         opt = cadence_fx.optimize(tail, rules=args.rules, progress=say)
         compile_s = time.perf_counter() - t0
         chunks = mm.synthetic_codes(args.chunks, args.seed)
+        config = {}
+    elif args.model == "vibevoice":  # one 7.5 Hz latent frame ([1, 64, 1] -> 3,200 samples) per chunk
+        from .integrations import vibevoice as vv
+        if args.final_tokens:
+            raise SystemExit("--final-tokens does not apply to --model vibevoice: it has no flush step")
+        tail = _build_vibevoice(args)
+        t0 = time.perf_counter()
+        opt = cadence_fx.optimize(tail, rules=args.rules, progress=say)
+        compile_s = time.perf_counter() - t0
+        chunks = vv.synthetic_latents(args.chunks, args.seed, tail.dtype, tail.device)
         config = {}
     else:
         tail, (pt, pm, spk) = _build(args)

@@ -23,3 +23,12 @@ def test_readme_has_exactly_two_setup_commands():
 def test_ci_runs_the_readme_test_command_verbatim():
     ci = (ROOT / ".ci" / "run").read_text()
     assert _readme_commands()[1] in ci.splitlines()
+
+
+def test_core_names_no_model_family():
+    """passes, runtime and plan see models only through the adapter interface."""
+    family = re.compile(r"\b(token2wav|step-?audio2?|cosyvoice|hift|mimi|moshi|vibevoice)\b", re.I)
+    for folder in ("passes", "runtime", "plan"):
+        for path in sorted((ROOT / "cadence_fx" / folder).rglob("*.py")):
+            hits = family.findall(path.read_text())
+            assert not hits, f"{path.relative_to(ROOT)} names {sorted(set(hits))}"

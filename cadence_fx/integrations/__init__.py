@@ -12,6 +12,7 @@ FACTORIES: dict[str, tuple[str, str]] = {
     # class qualname -> (module, factory attribute)
     "Token2WavTail": ("cadence_fx.integrations.stepaudio2", "OptimizedToken2Wav"),
     "MimiDecoder": ("cadence_fx.integrations.moshi", "OptimizedMimi"),
+    "VibeVoiceDecoder": ("cadence_fx.integrations.vibevoice", "OptimizedVibeVoice"),
 }
 
 

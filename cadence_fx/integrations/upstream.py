@@ -21,6 +21,14 @@ imports everything, and ``moshi/models/__init__`` imports the hub loaders
 torch, numpy and einops only, so ``import_submodule(..., bare=("models",))`` keeps
 that subpackage's ``__init__`` from running too, and ``module_constants`` reads the
 released configuration dicts out of ``moshi/models/loaders.py`` without importing it.
+
+``vibevoice`` (pinned 0.0.1) declares gradio, diffusers, librosa, aiortc and more, and
+pins transformers; its acoustic decoder (``modular/modular_vibevoice_tokenizer.py``)
+imports torch, numpy and transformers alone.  It is installed ``--no-deps`` with
+transformers==4.51.3 (its own pin) from the ``models`` extra, and imported with
+``bare=("modular",)``: both of its ``__init__`` files are empty in 0.0.1, and a later
+version that fills them (the inference model pulls diffusers and the Qwen2 LM) still
+imports no more than the decoder needs.
 """
 
 from __future__ import annotations
@@ -100,7 +108,8 @@ def module_constants(package: str, submodule: str, names: tuple[str, ...]) -> di
     return {n: scope[n] for n in names}
 
 
-_DISTRIBUTIONS = {"stepaudio2": "stepaudio2-minicpmo==0.1.1", "moshi": "moshi==0.2.13"}
+_DISTRIBUTIONS = {"stepaudio2": "stepaudio2-minicpmo==0.1.1", "moshi": "moshi==0.2.13",
+                  "vibevoice": "vibevoice==0.0.1"}
 
 
 def distribution_for(package: str) -> str:

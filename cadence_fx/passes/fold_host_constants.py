@@ -1,7 +1,7 @@
 """fold_host_constants: evaluate input-independent subgraphs once, keep the result.
 
 Upstream builds tensors on the host inside ``forward`` and copies them over on every
-call (``timestep_embedding``'s ``arange``, HiFT's harmonic table, the STFT window,
+call (``timestep_embedding``'s ``arange``, a vocoder's harmonic table, the STFT window,
 ``linspace`` of the flow schedule).  A CUDA graph cannot capture a host-to-device
 copy, and the work is the same on every call.  A node folds when it is pure (no
 random draw, no write, not impure), depends on no placeholder, no parameter and no
