@@ -151,7 +151,7 @@ def test_mimi_bench_model_builds_and_counts_the_vendor_path():
     weights in moshi's own streaming state (graphs off on the CPU: B0's bits), counted."""
     import types
     from cadence_fx.integrations import moshi as mm
-    bm = bench.MimiBench(types.SimpleNamespace(device="cpu", dtype="float32", seed=0, checkpoint=None))
+    bm = bench.MimiBench(types.SimpleNamespace(model="mimi", device="cpu", dtype="float32", seed=0, checkpoint=None))
     stock = bm.build()
     assert bm.apply(stock, "B0", print) is stock and bm.counters(stock) == {}
     (codes, last), = bm.chunks(1)

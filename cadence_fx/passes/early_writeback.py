@@ -1,9 +1,9 @@
 """early_writeback: commit a region's next state as soon as it is final (rule S).
 
 ``state_rewrite`` writes a carried region's next state back into its arena view as
-the graph's last ops. That keeps the source alive to the very end: Token2Wav's trim
-(a ``cat`` of two slices of the DiT K|V cache, 125 MiB at 5 flow steps) then lives
-through the whole vocoder, and under rules SR/SRc it crosses an eager island, where
+the graph's last ops. That keeps the source alive to the very end: a windowed
+cache's trim (a ``cat`` of two slices of a transformer's K|V cache, 125 MiB in one
+released decoder) then lives through the whole vocoder, and under rules SR/SRc it crosses an eager island, where
 the next captured region takes it as an input and keeps a static copy of it. This
 pass moves each write-back group (``state_rewrite`` tags its nodes ``writeback``)
 to just after the last node that
