@@ -76,9 +76,10 @@ def rewrite_pipeline(bindings: list[RegionBinding], rules: str = "S", device_typ
     """
     passes = [PruneDead(), FoldHostConstants(), PruneDead()]
     if "S" in rules:
-        # early_writeback frees the next state's source before the vocoder; prune_dead then
-        # drops the rebound buffers' constants (views of the trace's scratch arena)
-        passes += [StateRewrite(bindings), EarlyWriteback(bindings), PruneDead()]
+        # early_writeback frees the next state's source before the vocoder and proves the
+        # hazard check on the graph that runs (so state_rewrite need not run it too: one
+        # execution of the step per entry); prune_dead then drops the rebound buffers' constants
+        passes += [StateRewrite(bindings, check_hazards=False), EarlyWriteback(bindings), PruneDead()]
     if "R" in rules:
         granularity = "chunk" if rules.endswith("c") else "step"
         passes += [Partition(device_type, granularity, boundary), LowerCudaGraph()]

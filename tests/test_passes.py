@@ -559,6 +559,17 @@ class TestAliasing(TestCase):
                                                r"overwrote \[0, 32\) through the buffer"):
             StateRewrite(bindings(capacity=5, ext_in=1, ext_out=3))(gm)
 
+    def test_the_compiler_pipeline_checks_the_graph_that_runs(self):
+        # rewrite_pipeline runs StateRewrite unchecked and proves the hazard check once,
+        # after EarlyWriteback: the planted hazard still fails closed
+        from cadence_fx.compiler import rewrite_pipeline
+        gm, _, _ = traced_hazard()
+        pipeline = rewrite_pipeline(bindings(capacity=5, ext_in=1, ext_out=3), "S")
+        with self.assertRaisesRegex(PassError, r"EarlyWriteback failed after .*StateRewrite.*: early_writeback: "
+                                               r"aliasing the carried state with its buffer is unsound in the graph "
+                                               r"with its write-backs moved: sum_1 reads old state of region 'kv'"):
+            pipeline(gm)
+
     def test_the_planted_hazard_is_real(self):
         # Unchecked, the rewritten graph computes something else than the traced step.
         gm, inputs, state = traced_hazard()

@@ -32,7 +32,9 @@ After::
 
 ensures: every write-back still follows its source and every node that touches its
 region; and (``aliasing.region_hazards``, as ``state_rewrite``) no op reads old state
-from memory that was already overwritten.
+from memory that was already overwritten. The compiler runs ``state_rewrite`` with
+``check_hazards=False`` before this pass: the proof is made once, on the graph that
+runs.
 """
 
 from __future__ import annotations
@@ -111,5 +113,6 @@ class EarlyWriteback(CadencePass):
             from .state_rewrite import check_graph_hazards
             problems = check_graph_hazards(gm, self.bindings)
             if problems:
-                raise PassError("early_writeback: moving the write-back is unsound: " + "; ".join(problems[:3]))
+                raise PassError("early_writeback: aliasing the carried state with its buffer is unsound in the "
+                                "graph with its write-backs moved: " + "; ".join(problems[:3]))
 
