@@ -61,7 +61,8 @@ class StreamingAdapter:
 
     def setup(self, buffers: Mapping[str, torch.Tensor], *args: Any) -> dict[str, torch.Tensor]:
         """The stream's initial state (e.g. from a prompt), on modules whose declared
-        buffers are ``buffers`` (arena views, or ``stock_buffers()``)."""
+        buffers are ``buffers`` (arena views, or ``stock_buffers()``); ``None``: zeros
+        at catalog entry 0's extents."""
         raise NotImplementedError
 
     def fallback(self, inputs: Mapping[str, torch.Tensor], state: Mapping[str, torch.Tensor],

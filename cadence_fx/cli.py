@@ -150,25 +150,20 @@ def cmd_verify(args) -> int:
     import cadence_fx
     from .integrations import stepaudio2 as s2
     say = _progress(args.quiet)
-    if args.model == "mimi":  # one 80 ms frame (8 codes) per chunk; the step is traced in optimize()
-        from .integrations import moshi as mm
+    if args.model in ("mimi", "vibevoice"):  # one frame per chunk (mimi: 8 codes, 80 ms; vibevoice:
+        # a [1, 64, 1] latent, 3,200 samples); the step is traced in optimize()
         if args.final_tokens:
-            raise SystemExit("--final-tokens does not apply to --model mimi: it has no flush frame")
-        tail = _build_mimi(args)
+            raise SystemExit(f"--final-tokens does not apply to --model {args.model}: it has no flush frame")
+        tail = (_build_mimi if args.model == "mimi" else _build_vibevoice)(args)
         t0 = time.perf_counter()
         opt = cadence_fx.optimize(tail, rules=args.rules, progress=say)
         compile_s = time.perf_counter() - t0
-        chunks = mm.synthetic_codes(args.chunks, args.seed)
-        config = {}
-    elif args.model == "vibevoice":  # one 7.5 Hz latent frame ([1, 64, 1] -> 3,200 samples) per chunk
-        from .integrations import vibevoice as vv
-        if args.final_tokens:
-            raise SystemExit("--final-tokens does not apply to --model vibevoice: it has no flush step")
-        tail = _build_vibevoice(args)
-        t0 = time.perf_counter()
-        opt = cadence_fx.optimize(tail, rules=args.rules, progress=say)
-        compile_s = time.perf_counter() - t0
-        chunks = vv.synthetic_latents(args.chunks, args.seed, tail.dtype, tail.device)
+        if args.model == "mimi":
+            from .integrations import moshi as mm
+            chunks = mm.synthetic_codes(args.chunks, args.seed)
+        else:
+            from .integrations import vibevoice as vv
+            chunks = vv.synthetic_latents(args.chunks, args.seed, tail.dtype, tail.device)
         config = {}
     else:
         tail, (pt, pm, spk) = _build(args)

@@ -215,7 +215,12 @@ def open_session(executable: Executable, adapter: StreamingAdapter, *setup_args:
         buffers = adapter.stock_buffers()
     session.prepare_replay(adapter.example_inputs())  # rules R: capture on this session's memory
     with torch.no_grad():
-        session.load_state(adapter.setup(buffers, *setup_args))
+        state = adapter.setup(buffers, *setup_args)
+        if state is None:  # the stream starts from zeros at catalog entry 0's extents
+            entry0 = executable.plan.catalog[0]
+            state = {r: torch.zeros(entry0.regions[r].shape, dtype=getattr(torch, entry0.regions[r].dtype),
+                                    device=device) for r in executable.carried}
+        session.load_state(state)
     return session
 
 

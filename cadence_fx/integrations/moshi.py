@@ -30,6 +30,7 @@ from ..annotations import Clock, Fixed, Region, Ring, get_declaration, native_cl
 from ..errors import DeclarationError, InputError
 from ..passes.trace import StepSignature
 from ..plan import ScopeVerdict, TensorSpec
+from .session_stream import SessionStream
 from .upstream import import_submodule, module_constants
 
 UPSTREAM_DISTRIBUTION = "moshi"
@@ -356,6 +357,10 @@ class MimiAdapter(StreamingAdapter):
             return {"pcm": pcm}, dict(state)  # the state, updated in place
         return step
 
+    def setup(self, buffers: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """moshi's initial streaming state (zeros, exec masks on), read from a fresh twin."""
+        return read_state(streaming_twin(self.mimi))
+
     def fallback(self, inputs, state, **flags):
         """Any frame, eagerly, on the arena state itself (moshi updates it in place)."""
         return self.bind({})(inputs, state)
@@ -381,7 +386,7 @@ def explain_adapter(device="cpu") -> MimiAdapter:
     return MimiAdapter(None, device)
 
 
-class OptimizedMimi(_Stream):
+class OptimizedMimi(_Stream, SessionStream):
     """Drop-in for ``MimiDecoder`` built by ``cadence_fx.optimize``: the step is traced
     once; each stream (``reset()``) keeps its state in one arena, bound to a twin of
     the module tree that shares the stock model's parameters."""
@@ -395,43 +400,8 @@ class OptimizedMimi(_Stream):
                              f"its state in streaming dataclasses, not module buffers; use S, SR or SRc")
         self.mimi = streaming_twin(decoder.mimi)  # after the stock's warm-up: shares its _embedding
         self.adapter = MimiAdapter(self.mimi, decoder.device)
-        self._initial = read_state(streaming_twin(self.mimi))  # moshi's initial state (zeros, masks on)
         self.executable = compile_executable(self.adapter, self.rules, progress)
-        self.session = None
         self.reset()
-
-    @property
-    def device(self) -> torch.device:
-        return self.adapter.device
-
-    def reset(self) -> None:
-        """A new stream: a fresh arena holding moshi's initial state."""
-        from ..runtime.arena import Arena
-        from ..runtime.session import Session
-        arena = Arena(self.executable.plan.layout, self.device)
-        extents = {r: CONTEXT if r == "kv" else None for r in CARRIED}
-        session = Session(self.executable, arena, self.adapter.fallback, extents)
-        session.prepare_replay(self.adapter.example_inputs())  # rules R: capture, then zero the arena
-        for r, t in self._initial.items():
-            arena.view(r, extents[r]).copy_(t)
-        if self.session is not None:
-            self.session.close()
-        self.session = session
 
     def _decode(self, codes: torch.Tensor) -> torch.Tensor:
         return self.session.step({"codes": codes})["pcm"]
-
-    def state(self) -> dict[str, torch.Tensor]:
-        return self.session.state()
-
-    def stats(self) -> dict:
-        return self.session.stats()
-
-    @property
-    def arena_bytes(self) -> int:
-        return self.session.arena.nbytes
-
-    @property
-    def state_bytes(self) -> int:
-        """Device memory held for the stream's state (the arena)."""
-        return self.session.state_bytes

@@ -36,6 +36,7 @@ from ..errors import DeclarationError, InputError
 from ..passes.trace import StepSignature
 from ..plan import ScopeVerdict, TensorSpec
 from .stepaudio2 import pcm_bytes  # the PCM conversion verify uses for every model
+from .session_stream import SessionStream
 from .upstream import import_submodule
 
 UPSTREAM_DISTRIBUTION = "vibevoice"
@@ -387,6 +388,10 @@ class VibeVoiceAdapter(StreamingAdapter):
             return {"audio": audio}, next_state
         return step
 
+    def setup(self, buffers: Mapping[str, torch.Tensor]) -> None:
+        """Zeros at catalog entry 0: upstream's zero context, every window empty."""
+        return None
+
     def fallback(self, inputs, state, **flags):
         """Any step, eagerly, on the arena state (upstream allocates the next state; the session copies it in)."""
         return self.bind({})(inputs, state)
@@ -414,7 +419,7 @@ def explain_adapter(device="cpu", dtype: torch.dtype = torch.float32) -> VibeVoi
     return VibeVoiceAdapter(None, device, dtype)
 
 
-class OptimizedVibeVoice(_Stream):
+class OptimizedVibeVoice(_Stream, SessionStream):
     """Drop-in for ``VibeVoiceDecoder`` built by ``cadence_fx.optimize``: the step is traced
     once per catalog entry; each stream (``reset()``) keeps every carry in one arena.
     The model is shared with the stock decoder: upstream keeps no state on it."""
@@ -430,43 +435,11 @@ class OptimizedVibeVoice(_Stream):
         self.model = decoder.model
         self.adapter = VibeVoiceAdapter(self.model, decoder.device)
         self.executable = compile_executable(self.adapter, self.rules, progress)
-        self.session = None
         self.reset()
-
-    @property
-    def device(self) -> torch.device:
-        return self.adapter.device
 
     @property
     def dtype(self) -> torch.dtype:
         return self.adapter.dtype
 
-    def reset(self) -> None:
-        """A new stream: a zero-filled arena (upstream's zero context) with every window empty."""
-        from ..runtime.arena import Arena
-        from ..runtime.session import Session
-        arena = Arena(self.executable.plan.layout, self.device)
-        extents = {c.region: None if isinstance(c.retention, Fixed) else 0 for c in self.adapter.carries}
-        session = Session(self.executable, arena, self.adapter.fallback, extents)
-        session.prepare_replay(self.adapter.example_inputs())  # rules SR/SRc: capture, then zero the arena
-        if self.session is not None:
-            self.session.close()
-        self.session = session
-
     def _decode(self, latent: torch.Tensor) -> torch.Tensor:
         return self.session.step({"latent": latent})["audio"]
-
-    def state(self) -> dict[str, torch.Tensor]:
-        return self.session.state()
-
-    def stats(self) -> dict:
-        return self.session.stats()
-
-    @property
-    def arena_bytes(self) -> int:
-        return self.session.arena.nbytes
-
-    @property
-    def state_bytes(self) -> int:
-        """Device memory held for the stream's state (the arena)."""
-        return self.session.state_bytes
