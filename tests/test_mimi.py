@@ -21,7 +21,7 @@ from cadence_fx.compiler import build_plan
 from cadence_fx.integrations.upstream import installed_version, module_constants
 from cadence_fx.verify import compare_streams
 
-from marks import cuda
+from marks import cuda, keep_report
 
 needs_moshi = pytest.mark.skipif(importlib.util.find_spec("moshi") is None,
                                  reason="moshi is not installed: pip install --no-deps moshi==0.2.13 (README)")
@@ -155,6 +155,8 @@ def test_bad_codes_are_rejected(mm):
 def test_rules_are_exact_on_cuda_past_the_ring_wrap(capsys, rules):
     code = cli.main(["verify", "--model", "mimi", "--device", "cuda", "--rules", rules,
                      "--chunks", str(RING_WRAP_FRAMES + 7), "--json", "--quiet"])
-    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    keep_report(f"verify-mimi-{rules}.json", line)
+    report = json.loads(line)
     assert code == 0 and report["exact"], report["mismatches"]
     assert report["fallbacks"] == 0

@@ -26,7 +26,7 @@ from cadence_fx.integrations import stepaudio2 as s2
 from cadence_fx.integrations.upstream import installed_version
 from cadence_fx.verify import compare_streams
 
-from marks import cuda
+from marks import cuda, keep_report
 
 
 
@@ -193,10 +193,7 @@ def test_replay_rules_are_exact_on_cuda(capsys, rules, dtype, steps):
     out = capsys.readouterr()
     assert out.out.strip(), f"verify printed no report (exit {code}): {out.err[-3000:]}"
     line = out.out.strip().splitlines()[-1]
-    if os.environ.get("CADENCE_RESULTS_DIR"):  # keep the report (docs/results/ holds the H200 ones)
-        os.makedirs(os.environ["CADENCE_RESULTS_DIR"], exist_ok=True)
-        with open(os.path.join(os.environ["CADENCE_RESULTS_DIR"], f"verify-{rules}-{dtype}-nt{steps}.json"), "w") as f:
-            f.write(line + "\n")
+    keep_report(f"verify-{rules}-{dtype}-nt{steps}.json", line)
     report = json.loads(line)
     assert code == 0 and report["exact"], report["mismatches"]
     # only the flush chunk runs eagerly; every other chunk replays (or runs its graph, rule S)

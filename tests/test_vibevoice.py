@@ -27,14 +27,11 @@ from cadence_fx.integrations import vibevoice as vv
 from cadence_fx.integrations.upstream import installed_version
 from cadence_fx.verify import compare_streams
 
+from marks import cuda, keep_report
+
 needs_vibevoice = pytest.mark.skipif(
     importlib.util.find_spec("vibevoice") is None or importlib.util.find_spec("transformers") is None,
     reason="vibevoice is not installed: pip install --no-deps vibevoice==0.0.1 and the models extra (README)")
-
-
-def cuda(fn):
-    """CUDA only: selected by ``-m cuda``, skipped cleanly without a device."""
-    return pytest.mark.cuda(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")(fn))
 
 
 #: the released classes with 2 filters, three upsamplers of ratio 2 and stages of 2, 1, 1, 1 blocks
@@ -213,7 +210,9 @@ def test_bad_latents_are_rejected(optimized):
 def test_released_decoder_is_exact_on_cuda(capsys, rules, dtype):
     code = cli.main(["verify", "--model", "vibevoice", "--device", "cuda", "--rules", rules, "--dtype", dtype,
                      "--chunks", "24", "--json", "--quiet"])
-    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    keep_report(f"verify-vibevoice-{rules}-{dtype}.json", line)
+    report = json.loads(line)
     assert code == 0 and report["exact"], report["mismatches"]
     assert report["fallbacks"] == 0 and report["chunks"] == 24
     if rules == "SRc":
