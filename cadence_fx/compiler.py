@@ -151,8 +151,8 @@ def _compile(adapter: StreamingAdapter, rules: str, progress: Callable[[str], No
         kind = "cudagraph" if "R" in rules else "graph"
         programs[entry.index] = EntryProgram(entry, gm, tuple(gm.meta.get("cadence_arena_inputs", ())), nxt, kind,
                                              None if "S" in rules else specs)
-    del scratch, step
-    return Executable(plan, programs, sig.inputs, sig.outputs, carried, rules, notes)
+    del step
+    return Executable(plan, programs, sig.inputs, sig.outputs, carried, rules, notes, spare_arena=scratch)
 
 
 def _state_specs(plan: Plan, entry: CatalogEntry, carried: tuple[str, ...],
@@ -200,14 +200,15 @@ def _stock_state_drift(gm: fx.GraphModule, plan: Plan, specs: dict[str, TensorSp
 def open_session(executable: Executable, adapter: StreamingAdapter, *setup_args: Any) -> Session:
     """A new stream of ``executable``: its own state, its own graphs, then the model's setup.
 
-    Rules with S: a fresh arena; graphs are captured on it (rules SR/SRc), then
+    Rules with S: a zero-filled arena (the first session takes the one the entries
+    were traced on); graphs are captured on it (rules SR/SRc), then
     ``adapter.setup`` runs on modules whose region-bound buffers are arena views and
     its state is loaded into the arena.  Rules R/Rc: a ``StockStateSession``; setup
     runs on the model's own buffers and the session keeps a copy of its state.
     """
     device = torch.device(adapter.device)
     if executable.stable_state:
-        arena = Arena(executable.plan.layout, device)
+        arena = executable.take_arena(device)
         session = Session(executable, arena, adapter.fallback, {})
         buffers = buffer_bindings(adapter.declaration, arena)
     else:

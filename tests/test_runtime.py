@@ -385,6 +385,32 @@ def test_sessions_of_one_executable_are_independent():
         a.assert_exact(*a.step(x), "a after b")
 
 
+def test_first_session_takes_the_arena_the_entries_were_traced_on_zeroed():
+    model = make_toy(4)
+    adapter = ToyAdapter(model, 2)
+    exe = _compile(adapter, "S")
+    traced_on = exe.spare_arena
+    assert traced_on is not None and traced_on.storage.any(), "tracing ran the step for real on its arena"
+    first = exe.take_arena("cpu")
+    assert first is traced_on and exe.spare_arena is None and not first.storage.any()
+    second = exe.take_arena("cpu")
+    assert second is not first and second.storage.data_ptr() != first.storage.data_ptr()
+    # a session on the trace's arena is exact (its dirty bytes were cleared)
+    exe = _compile(adapter, "S")
+    traced_on = exe.spare_arena
+    session = adapter.open_session(exe, toy_prompt(2))
+    assert session.arena is traced_on
+    stock = make_toy(4)
+    with torch.no_grad():
+        stock_state = stock.setup(toy_prompt(2))
+        for k, x in enumerate(toy_inputs(6, seed=3)):
+            rng = torch.random.get_rng_state()
+            stock_out, stock_state = stock.stream(x, stock_state, 2)
+            torch.random.set_rng_state(rng)
+            opt_out = session.step(x)
+            assert_stream_exact(session.state(), stock_state, stock_out, opt_out, f"step {k}")
+
+
 def test_wrong_retention_declaration_fails_at_compile():
     """The model trims to R = 4 but the instance declares R = 7: caught while rewriting."""
     from cadence_fx import native_clock

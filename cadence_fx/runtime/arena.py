@@ -30,6 +30,11 @@ class Arena:
             self.regions[slot.name] = flat.view(getattr(torch, slot.dtype)).view(slot.shape)
         self._ptrs = {n: t.data_ptr() for n, t in self.regions.items()}
 
+    def clear(self) -> "Arena":
+        """Every byte back to zero, as a new arena is (addresses unchanged)."""
+        self.storage.zero_()
+        return self
+
     @property
     def nbytes(self) -> int:
         return self.storage.numel()

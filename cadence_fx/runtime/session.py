@@ -40,11 +40,22 @@ class Executable:
     carried: tuple[str, ...]
     rules: str
     notes: dict[str, Any] = dataclasses.field(default_factory=dict)  # timings, pass records
+    #: rule S: the arena the entries were traced on, handed (zeroed) to the first session
+    spare_arena: Arena | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def stable_state(self) -> bool:
         """Rule S: state in an arena at stable addresses; else stock-managed state."""
         return "S" in self.rules
+
+    def take_arena(self, device: torch.device | str) -> Arena:
+        """An arena for a new session: the trace's own (zero-filled again) the first
+        time, a fresh one after.  One session on an executable then holds one arena's
+        memory, not two (on CUDA the trace's arena stays allocated after compiling)."""
+        arena, self.spare_arena = self.spare_arena, None
+        if arena is None or arena.device != torch.device(device):
+            return Arena(self.plan.layout, device)
+        return arena.clear()
 
 
 def tensor_mismatch(what: str, t: torch.Tensor, spec: TensorSpec) -> str | None:
