@@ -7,6 +7,7 @@ program per catalog entry) and never reaches back into the passes.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import Any, Callable, Mapping
 
 import torch
@@ -42,6 +43,7 @@ class Executable:
     notes: dict[str, Any] = dataclasses.field(default_factory=dict)  # timings, pass records
     #: rule S: the arena the entries were traced on, handed (zeroed) to the first session
     spare_arena: Arena | None = dataclasses.field(default=None, repr=False, compare=False)
+    _spare_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
     def stable_state(self) -> bool:
@@ -52,7 +54,8 @@ class Executable:
         """An arena for a new session: the trace's own (zero-filled again) the first
         time, a fresh one after.  One session on an executable then holds one arena's
         memory, not two (on CUDA the trace's arena stays allocated after compiling)."""
-        arena, self.spare_arena = self.spare_arena, None
+        with self._spare_lock:  # sessions may be opened from several threads: one taker only
+            arena, self.spare_arena = self.spare_arena, None
         if arena is None or arena.device != torch.device(device):
             return Arena(self.plan.layout, device)
         return arena.clear()
