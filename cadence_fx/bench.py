@@ -580,13 +580,18 @@ class BenchModel:
     def stem(cls, out: str, opts: Mapping[str, Any]) -> str:
         return os.path.join(out, f"bench-{cls.name}-{opts['device'].replace(':', '')}-{opts['dtype']}")
 
+    @staticmethod
+    def machine(report: Mapping[str, Any]) -> str:
+        """Where the report was measured: the GPU's name, else the device."""
+        return report.get("gpu") or report.get("device")
+
     @classmethod
     def title(cls, report: Mapping[str, Any]) -> str:
         raise NotImplementedError
 
     @classmethod
     def subtitle(cls, report: Mapping[str, Any]) -> str:
-        return f"{report.get('gpu') or report.get('device')}, {cls.name}, {report.get('dtype')}"
+        return f"{cls.machine(report)}, {cls.name}, {report.get('dtype')}"
 
     @classmethod
     def notes(cls, variants: Mapping[str, Mapping[str, Any]]) -> list[str]:
@@ -654,13 +659,13 @@ class Token2WavBench(BenchModel):
 
     @classmethod
     def title(cls, report):
-        return (f"**Token2Wav bench** on {report.get('gpu') or report.get('device')}, torch {report.get('torch')}, "
+        return (f"**Token2Wav bench** on {cls.machine(report)}, torch {report.get('torch')}, "
                 f"{report.get('dtype')}, {report.get('n_timesteps')} flow steps, prompt {report.get('prompt_tokens')} "
                 f"tokens, {report.get('blocks')} blocks x {report.get('chunks')} chunks, {report.get('date')}")
 
     @classmethod
     def subtitle(cls, report):
-        return f"{report.get('gpu') or report.get('device')}, {report.get('dtype')}, {report.get('n_timesteps')} steps"
+        return f"{cls.machine(report)}, {report.get('dtype')}, {report.get('n_timesteps')} steps"
 
     @classmethod
     def notes(cls, variants):
@@ -790,13 +795,13 @@ class MimiBench(BenchModel):
     @classmethod
     def title(cls, report):
         return (f"**Mimi bench** (moshi decode, one 80 ms frame = 8 codes -> 1,920 samples per chunk) on "
-                f"{report.get('gpu') or report.get('device')}, torch {report.get('torch')}, float32, "
+                f"{cls.machine(report)}, torch {report.get('torch')}, float32, "
                 f"{report.get('blocks')} blocks x {report.get('chunks')} frames after {report.get('warmup')} "
                 f"warm-up frames, {report.get('date')}")
 
     @classmethod
     def subtitle(cls, report):
-        return f"{report.get('gpu') or report.get('device')}, Mimi decode, float32"
+        return f"{cls.machine(report)}, Mimi decode, float32"
 
     @classmethod
     def targets(cls, variants):
