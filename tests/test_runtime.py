@@ -46,8 +46,9 @@ def toy(prompt_frames: int, retain: int, write: str = "blocks", rules: str = "S"
 class Lockstep:
     """The stock model and a Session fed the same inputs from the same generator state."""
 
-    def __init__(self, prompt_frames: int, retain: int, write: str = "blocks", rules: str = "S"):
-        _, self.adapter, self.exe = toy(prompt_frames, retain, write, rules)
+    def __init__(self, prompt_frames: int, retain: int, write: str = "blocks", rules: str = "S", compiled=None):
+        """``compiled``: an (adapter, executable) of this configuration; default: the module's shared one."""
+        self.adapter, self.exe = compiled or toy(prompt_frames, retain, write, rules)[1:]
         # the stock step keeps its state in its own buffer: one stock model per stream
         self.model = make_toy(retain, write=write)
         self.prompt_frames = prompt_frames
@@ -398,17 +399,10 @@ def test_first_session_takes_the_arena_the_entries_were_traced_on_zeroed():
     # a session on the trace's arena is exact (its dirty bytes were cleared)
     exe = _compile(adapter, "S")
     traced_on = exe.spare_arena
-    session = adapter.open_session(exe, toy_prompt(2))
-    assert session.arena is traced_on
-    stock = make_toy(4)
-    with torch.no_grad():
-        stock_state = stock.setup(toy_prompt(2))
-        for k, x in enumerate(toy_inputs(6, seed=3)):
-            rng = torch.random.get_rng_state()
-            stock_out, stock_state = stock.stream(x, stock_state, 2)
-            torch.random.set_rng_state(rng)
-            opt_out = session.step(x)
-            assert_stream_exact(session.state(), stock_state, stock_out, opt_out, f"step {k}")
+    lock = Lockstep(2, 4, compiled=(adapter, exe))
+    assert lock.session.arena is traced_on
+    for k, x in enumerate(toy_inputs(6, seed=3)):
+        lock.assert_exact(*lock.step(x), f"step {k}")
 
 
 def test_wrong_retention_declaration_fails_at_compile():
