@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from .annotations import Declaration
-from .passes.trace import StepSignature
+from .step import StepSignature
 from .plan import TensorSpec
 
 StepFn = Callable[[Mapping[str, torch.Tensor], Mapping[str, torch.Tensor]],

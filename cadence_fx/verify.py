@@ -70,7 +70,7 @@ def compare_streams(stock, optimized, chunks: list[tuple[list[int], bool]], devi
 
     With ``keep_pcm`` the report also holds ``"pcm": {"stock": bytes, "optimized": bytes}``.
     """
-    from .integrations.stepaudio2 import pcm_bytes  # upstream's PCM conversion, shared by both paths
+    from .pcm import pcm_bytes  # upstream's PCM conversion, shared by both paths
     rows: list[ChunkReport] = []
     pcm_all: dict[str, list[bytes]] = {"stock": [], "optimized": []}
     pcm_stock, pcm_opt = hashlib.sha256(), hashlib.sha256()

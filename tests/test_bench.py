@@ -11,7 +11,7 @@ import pytest
 from cadence_fx import CadenceError
 from cadence_fx import bench
 
-FAKE_WORKER = pathlib.Path(__file__).with_name("fake_bench_worker.py")
+FAKE_WORKER = pathlib.Path(__file__).parent / "helpers" / "fake_bench_worker.py"
 
 
 def _rec(block, ms, pcm="p0", wave="w0", peak=None, kernel=None, launches=None, state=None):
@@ -167,7 +167,7 @@ def statistics_median(xs):
 
 # ---------------------------------------------------------------------------- driver with fake workers
 def _fake_run(tmp_path, variants, behaviours=None, **kw):
-    """``run_bench`` on fake workers (``tests/fake_bench_worker.py``); returns (report, trace, messages)."""
+    """``run_bench`` on fake workers (``tests/helpers/fake_bench_worker.py``); returns (report, trace, messages)."""
     trace = tmp_path / "trace.jsonl"
     trace.touch()
     behaviours = behaviours or {}

@@ -16,7 +16,7 @@ import pytest
 
 from cadence_fx import bench
 
-from marks import cuda
+from helpers.marks import cuda
 
 needs_moshi = pytest.mark.skipif(importlib.util.find_spec("moshi") is None,
                                  reason="moshi is not installed: pip install --no-deps moshi==0.2.13 (README)")

@@ -1,5 +1,5 @@
 """ChunkPad(chunk, pad) end to end on CPU: a stateless codec decoder shaped like
-Freeze-Omni's TiCodec tail (tests/chunkpad_model.py).
+Freeze-Omni's TiCodec tail (tests/helpers/chunkpad_model.py).
 
 The plan has K = 2 entries (left context 0, then 10 tokens: windows of 50, then 60);
 the rewritten graph writes the next left context back into the arena; and a stream
@@ -17,9 +17,9 @@ import torch
 from cadence_fx import ChunkPad
 from cadence_fx.compiler import build_plan, compile_executable
 
-from chunkpad_model import (CHUNK, PAD, SPT, WINDOW, ChunkPadAdapter, decode_step, make_decoder,
+from helpers.chunkpad_model import (CHUNK, PAD, SPT, WINDOW, ChunkPadAdapter, decode_step, make_decoder,
                             token_stream)
-from toy_models import assert_stream_exact
+from helpers.toy_models import assert_stream_exact
 
 N_CHUNKS = 6
 SEEDS = (0, 7)

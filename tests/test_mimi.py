@@ -21,7 +21,7 @@ from cadence_fx.compiler import build_plan
 from cadence_fx.integrations.upstream import installed_version, module_constants
 from cadence_fx.verify import compare_streams
 
-from marks import cuda, keep_report
+from helpers.marks import cuda, keep_report
 
 needs_moshi = pytest.mark.skipif(importlib.util.find_spec("moshi") is None,
                                  reason="moshi is not installed: pip install --no-deps moshi==0.2.13 (README)")

@@ -28,13 +28,14 @@ from cadence_fx.errors import CadenceError, PassError, RulesError
 from cadence_fx.passes.fold_host_constants import FoldHostConstants
 from cadence_fx.passes.lower_cudagraph import LowerCudaGraph, LowerRecord, launches_kernels
 from cadence_fx.passes.partition import NodeVerdict, Partition, PartitionRecord, capturability
-from cadence_fx.passes.trace import scope, trace_step
+from cadence_fx.passes.trace import trace_step
+from cadence_fx.step import scope
 from cadence_fx.runtime.arena import Arena
 from cadence_fx.runtime.binding import rebind_buffers
 from cadence_fx.runtime.graphs import ArgSpec, CapturedRegion, fresh_regions, region_stats, run_graph
 from cadence_fx.runtime.session import Session
 
-from toy_models import ToyAdapter, make_toy, toy_inputs
+from helpers.toy_models import ToyAdapter, make_toy, toy_inputs
 
 aten = torch.ops.aten
 

@@ -23,7 +23,8 @@ from cadence_fx.passes.early_writeback import EarlyWriteback
 from cadence_fx.passes.fold_host_constants import FoldHostConstants
 from cadence_fx.passes.prune_dead import PruneDead
 from cadence_fx.passes.state_rewrite import RegionBinding, RewriteRecord, StateRewrite
-from cadence_fx.passes.trace import StepSignature, trace_step
+from cadence_fx.passes.trace import trace_step
+from cadence_fx.step import StepSignature
 
 aten = torch.ops.aten
 

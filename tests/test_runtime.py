@@ -19,7 +19,7 @@ from cadence_fx.runtime.arena import Arena, ArenaMoved
 from cadence_fx.runtime.binding import rebind_buffers
 from cadence_fx.runtime.session import AdmissionGate, StockStateSession
 
-from toy_models import (BUFFER_FRAMES, BUFFER_PATH, CHANNELS, CONV_CARRY, DEFAULT_RETAIN, FRAMES, KV_SHAPE, ToyAdapter,
+from helpers.toy_models import (BUFFER_FRAMES, BUFFER_PATH, CHANNELS, CONV_CARRY, DEFAULT_RETAIN, FRAMES, KV_SHAPE, ToyAdapter,
                         ToyStream, assert_lockstep_exact, assert_stream_exact, make_toy, toy_inputs, toy_prompt)
 
 #: (prompt frames P, retain R): prefix 0, 2, 7; K = ceil(R / 3) + 1 = 2, 3, 3, 2, 4
@@ -408,7 +408,7 @@ def test_first_session_takes_the_arena_the_entries_were_traced_on_zeroed():
 def test_wrong_retention_declaration_fails_at_compile():
     """The model trims to R = 4 but the instance declares R = 7: caught while rewriting."""
     from cadence_fx import native_clock
-    from toy_models import toy_declaration
+    from helpers.toy_models import toy_declaration
     model = native_clock(**toy_declaration(7))(make_toy(4))
     with pytest.raises(PassError, match=r"next 'kv' has shape \(4, 8, 6\), but the catalog's next entry holds "
                                         r"\(4, 8, 8\); the declared retention does not match the model"):

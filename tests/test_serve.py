@@ -27,7 +27,7 @@ import cadence_fx
 from cadence_fx import cli, serve
 from cadence_fx.integrations import stepaudio2 as s2
 
-from marks import cuda
+from helpers.marks import cuda
 
 STEPS = 2  # flow-matching steps: the mechanisms under test do not depend on it; fewer = cheaper on CPU
 STEP_SLOTTED = ("estimator_cnn_cache", "estimator_att_cache")  # stock holds 16 step slots, live: STEPS
@@ -278,7 +278,7 @@ def test_out_of_memory_while_capturing_leaves_that_entry_eager_and_counted(monke
     from cadence_fx import compiler
     from cadence_fx.runtime import graphs
     from cadence_fx.runtime.graphs import CapturedRegion
-    from toy_models import ToyAdapter, assert_lockstep_exact, make_toy, toy_inputs, toy_prompt
+    from helpers.toy_models import ToyAdapter, assert_lockstep_exact, make_toy, toy_inputs, toy_prompt
 
     monkeypatch.setattr(compiler, "check_rules", lambda rules, device: rules)  # lower for replay on the CPU
     adapter = ToyAdapter(make_toy(4), 2)
@@ -333,7 +333,7 @@ def test_out_of_memory_while_capturing_on_cuda_replays_the_other_entries(monkeyp
     run eagerly (counted), the others replay; every step bit-exact against stock."""
     from cadence_fx.compiler import compile_executable
     from cadence_fx.runtime import graphs
-    from toy_models import ToyAdapter, assert_lockstep_exact, make_toy, toy_inputs, toy_prompt
+    from helpers.toy_models import ToyAdapter, assert_lockstep_exact, make_toy, toy_inputs, toy_prompt
 
     dev = torch.device("cuda")
     adapter = ToyAdapter(make_toy(4).to(dev), 2)

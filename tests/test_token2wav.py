@@ -26,7 +26,7 @@ from cadence_fx.integrations import stepaudio2 as s2
 from cadence_fx.integrations.upstream import installed_version
 from cadence_fx.verify import compare_streams
 
-from marks import cuda, keep_report
+from helpers.marks import cuda, keep_report
 
 
 

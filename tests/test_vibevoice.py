@@ -27,7 +27,7 @@ from cadence_fx.integrations import vibevoice as vv
 from cadence_fx.integrations.upstream import installed_version
 from cadence_fx.verify import compare_streams
 
-from marks import cuda, keep_report
+from helpers.marks import cuda, keep_report
 
 needs_vibevoice = pytest.mark.skipif(
     importlib.util.find_spec("vibevoice") is None or importlib.util.find_spec("transformers") is None,

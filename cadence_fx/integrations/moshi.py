@@ -28,7 +28,7 @@ import torch
 from ..adapter import StreamingAdapter
 from ..annotations import Clock, Fixed, Region, Ring, get_declaration, native_clock
 from ..errors import DeclarationError, InputError
-from ..passes.trace import StepSignature
+from ..step import StepSignature
 from ..plan import ScopeVerdict, TensorSpec
 from .session_stream import SessionStream
 from .upstream import import_submodule, module_constants

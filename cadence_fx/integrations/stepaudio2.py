@@ -319,7 +319,7 @@ def synthetic_chunks(n_chunks: int, seed: int = 0, final_tokens: int | None = No
 # --------------------------------------------------------------------------- adapter
 from ..adapter import StreamingAdapter  # noqa: E402
 from ..annotations import get_declaration  # noqa: E402
-from ..passes.trace import StepSignature  # noqa: E402
+from ..step import StepSignature  # noqa: E402
 from ..plan import TensorSpec  # noqa: E402
 from ..runtime.binding import rebind_buffers  # noqa: E402
 
@@ -438,7 +438,7 @@ def explain_adapter(prompt_tokens: int, n_timesteps: int, float16: bool, device)
 
 def _mark_estimator_calls(flow) -> None:
     """Tag the nodes of each DiT call (on the twin's own estimator copy only)."""
-    from ..passes.trace import scope
+    from ..step import scope
     est = flow.decoder.estimator
     inner = type(est).forward_chunk.__get__(est)
 

@@ -33,7 +33,7 @@ import torch
 from ..adapter import StreamingAdapter
 from ..annotations import Clock, Declaration, Fixed, Region, Window, get_declaration, native_clock
 from ..errors import DeclarationError, InputError
-from ..passes.trace import StepSignature
+from ..step import StepSignature
 from ..plan import ScopeVerdict, TensorSpec
 from .stepaudio2 import pcm_bytes  # the PCM conversion verify uses for every model
 from .session_stream import SessionStream

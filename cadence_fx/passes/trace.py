@@ -15,46 +15,14 @@ bound to a region are tagged ``{"role": "buffer", "region": ...}``.  The graph r
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Mapping
 
 import torch
 import torch.fx as fx
-from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from ..errors import TraceError
-
-
-@dataclasses.dataclass(frozen=True)
-class StepSignature:
-    """Names, in placeholder/output order, of a step's inputs, carried regions and outputs."""
-
-    inputs: tuple[str, ...]
-    regions: tuple[str, ...]
-    outputs: tuple[str, ...]
-
-
-@contextlib.contextmanager
-def scope(name: str) -> Iterator[None]:
-    """Tag every node traced inside this block with ``meta["cadence_scope"]``.
-
-    Adapters wrap a submodule call in it (e.g. each DiT estimator call) so that
-    ``partition`` can cut per-step graphs there.  Outside tracing it does nothing.
-    """
-    mode = get_proxy_mode()
-    if mode is None:
-        yield
-        return
-    graph = mode.tracer.graph
-    start = graph._root.prev  # the last node before the block
-    try:
-        yield
-    finally:
-        node = start.next
-        while node is not graph._root:
-            node.meta["cadence_scope"] = node.meta.get("cadence_scope", ()) + (name,)
-            node = node.next
+from ..step import StepSignature
 
 
 def same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -33,7 +33,7 @@ from torch import nn
 from cadence_fx import Clock, Fixed, Region, Window, get_declaration, native_clock
 from cadence_fx.adapter import StreamingAdapter
 from cadence_fx.compiler import open_session
-from cadence_fx.passes.trace import StepSignature
+from cadence_fx.step import StepSignature
 from cadence_fx.plan import ScopeVerdict, TensorSpec
 from cadence_fx.runtime.binding import rebind_buffers
 from cadence_fx.runtime.session import Executable, Session

@@ -30,7 +30,7 @@ from torch import nn
 
 from cadence_fx import ChunkPad, Clock, Region, get_declaration, native_clock
 from cadence_fx.adapter import StreamingAdapter
-from cadence_fx.passes.trace import StepSignature
+from cadence_fx.step import StepSignature
 from cadence_fx.plan import ScopeVerdict, TensorSpec
 from cadence_fx.runtime.arena import Arena
 from cadence_fx.runtime.session import Executable, Session
