@@ -3,3 +3,20 @@ import os
 # The deterministic protocol needs cuBLAS's workspace fixed before the first CUDA
 # call of the process (GPU tests only; harmless on CPU).
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+import types
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def t2w():
+    """The released Token2Wav tail (seed 0) at 2 flow steps and ONE optimized model on it
+    (rule S), shared by every test file: its executables (one per prompt length) are
+    traced once per test run.  Tests must not assume it is fresh (other files may have
+    opened sessions or traced other prompt lengths): compare counts before and after."""
+    from cadence_fx.integrations import stepaudio2 as s2
+    import cadence_fx
+    flow, hift = s2.build_modules(0)
+    tail = s2.Token2WavTail(flow, hift, n_timesteps=2)
+    return types.SimpleNamespace(tail=tail, opt=cadence_fx.optimize(tail), steps=2)
