@@ -1,11 +1,20 @@
-"""declare -> plan -> trace -> rewrite -> Executable (the compile-time driver).
+"""declare -> plan -> trace -> rewrite -> partition -> lower -> Executable (the compile-time driver).
 
 Each stage is a function of the previous stage's plain output:
-``make_plan(declaration, dims, ...)`` -> ``Plan``; per catalog entry
-``trace_step`` -> ``GraphModule``; the pass list (``prune_dead``,
-``fold_host_constants``, ``prune_dead``, ``state_rewrite``) -> ``GraphModule``; and
-``lower`` wraps each in an ``EntryProgram``.  Only this module imports both the
-passes and the runtime.
+``build_plan(adapter)`` (``make_plan`` of the adapter's declaration) -> ``Plan``; per
+catalog entry ``trace_step`` -> ``GraphModule``; ``rewrite_pipeline(bindings, rules)``,
+one ``PassManager`` -> ``GraphModule``:
+
+- always: ``PruneDead``, ``FoldHostConstants``, ``PruneDead``;
+- rule S: ``StateRewrite``, ``EarlyWriteback``, ``PruneDead`` (state into the arena);
+- rule R: ``Partition`` (per chunk, or per model step at the adapter's
+  ``step_boundary``) and ``LowerCudaGraph``, which wraps each capturable piece in the
+  runtime's ``CapturedRegion`` (handed in here: passes never import the runtime).
+
+Each entry's graph becomes an ``EntryProgram`` of one ``Executable`` (``compile_executable``);
+``open_session`` gives it a ``Session`` (its arena, its captured graphs).  Rules are a
+``step.Rules`` (``check_rules``/``compile_executable`` also take the paper's spelling,
+"S", "SRc"...).  Only this module imports both the passes and the runtime.
 """
 
 from __future__ import annotations
@@ -28,21 +37,32 @@ from .passes.partition import Partition
 from .passes.prune_dead import PruneDead
 from .passes.state_rewrite import RegionBinding, StateRewrite
 from .passes.trace import trace_step
+from . import step as meta
 from .plan import CatalogEntry, Plan, TensorSpec, make_plan
 from .runtime.arena import Arena
+from .runtime.graphs import CapturedRegion
 from .runtime.session import EntryProgram, Executable, Session, StockStateSession
+from .step import Rules
 
-RULES = ("S", "R", "SR", "Rc", "SRc")
+RULES = Rules.NAMES
 
 
-def check_rules(rules: str, device: torch.device) -> str:
-    if rules not in RULES:
-        raise RulesError(f"unknown rules {rules!r}; choose one of {', '.join(RULES)}")
-    if "R" in rules:
+def check_rules(rules: "str | Rules", device: torch.device) -> "str | Rules":
+    """Raise ``RulesError`` unless ``rules`` (a name or a ``Rules``) can run on ``device``.
+
+    Returns ``rules`` as given, so a caller keeps its own spelling.
+    """
+    parsed = Rules.parse(rules)
+    if parsed.replays:
         if device.type != "cuda" or not torch.cuda.is_available():
-            raise RulesError(f"rules {rules!r} replay CUDA graphs and need a CUDA device; this model is on "
+            raise RulesError(f"rules {str(parsed)!r} replay CUDA graphs and need a CUDA device; this model is on "
                              f"{device} (CUDA available: {torch.cuda.is_available()}). Use rules='S' here.")
     return rules
+
+
+def _rules(rules: "str | Rules") -> Rules:
+    """``Rules.parse``, plus ``""``: no rule (stock-managed state, eager kernels; for tests)."""
+    return Rules.STOCK if isinstance(rules, str) and rules == "" else Rules.parse(rules)
 
 
 def build_plan(adapter: StreamingAdapter) -> Plan:
@@ -67,22 +87,23 @@ def region_bindings(plan: Plan, entry: CatalogEntry) -> list[RegionBinding]:
     return out
 
 
-def rewrite_pipeline(bindings: list[RegionBinding], rules: str = "S", device_type: str = "cpu",
-                     boundary=None, debug: bool = False) -> PassManager:
+def rewrite_pipeline(bindings: list[RegionBinding], rules: "str | Rules" = "S", device_type: str = "cpu",
+                     boundary=None, debug: bool = False, region=CapturedRegion) -> PassManager:
     """The passes for ``rules``: S rewrites state into the arena, R partitions and lowers.
 
     ``rules=""`` (no rule) keeps stock-managed state and eager kernels: the traced
-    graph over the model's own buffers, what rules R replay.
+    graph over the model's own buffers, what rules R replay.  ``region`` wraps each
+    capturable piece (rule R).
     """
+    rules = _rules(rules)
     passes = [PruneDead(), FoldHostConstants(), PruneDead()]
-    if "S" in rules:
+    if rules.stable_state:
         # early_writeback frees the next state's source before the vocoder and proves the
         # hazard check on the graph that runs (so state_rewrite need not run it too: one
         # execution of the step per entry); prune_dead then drops the rebound buffers' constants
         passes += [StateRewrite(bindings, check_hazards=False), EarlyWriteback(bindings), PruneDead()]
-    if "R" in rules:
-        granularity = "chunk" if rules.endswith("c") else "step"
-        passes += [Partition(device_type, granularity, boundary), LowerCudaGraph()]
+    if rules.replays:
+        passes += [Partition(device_type, rules.replay, boundary), LowerCudaGraph(region)]
     return PassManager(passes,
                        constraints=[this_before_that(FoldHostConstants, StateRewrite),
                                     this_before_that(StateRewrite, EarlyWriteback),
@@ -96,20 +117,22 @@ def buffer_bindings(declaration: Declaration, arena: Arena) -> dict[str, torch.T
     return {path: arena.full(r.name) for r in declaration.regions for path in r.buffers if r.name in arena.regions}
 
 
-def compile_executable(adapter: StreamingAdapter, rules: str = "S",
+def compile_executable(adapter: StreamingAdapter, rules: "str | Rules" = "S",
                        progress: Callable[[str], None] | None = None) -> Executable:
     device = torch.device(adapter.device)
     check_rules(rules, device)
     return _compile(adapter, rules, progress)
 
 
-def _compile(adapter: StreamingAdapter, rules: str, progress: Callable[[str], None] | None = None) -> Executable:
-    """``compile_executable`` without the rules check (``rules=""``: stock-state graphs, for tests)."""
+def _compile(adapter: StreamingAdapter, rules: "str | Rules",
+             progress: Callable[[str], None] | None = None) -> Executable:
+    """``compile_executable`` without the device check (``rules=""``: stock-state graphs, for tests)."""
+    rules = _rules(rules)
     device = torch.device(adapter.device)
     plan = build_plan(adapter)
     say = progress or (lambda msg: None)
     sig = adapter.signature
-    if "S" in rules:
+    if rules.stable_state:
         # Trace on a scratch arena of the same layout: tracing runs the step for real,
         # and must not touch any live session's state or the caller's generators.
         scratch = Arena(plan.layout, device)
@@ -133,7 +156,7 @@ def _compile(adapter: StreamingAdapter, rules: str, progress: Callable[[str], No
                 example_state = {r: torch.zeros(specs[r].shape, dtype=getattr(torch, specs[r].dtype), device=device)
                                  for r in carried}
                 gm = trace_step(step, sig, adapter.example_inputs(), example_state, by_region)
-                drift = {} if "S" in rules else _stock_state_drift(gm, plan, specs)
+                drift = {} if rules.stable_state else _stock_state_drift(gm, plan, specs)
                 if not drift:
                     break
                 if attempt == 2:
@@ -148,9 +171,9 @@ def _compile(adapter: StreamingAdapter, rules: str, progress: Callable[[str], No
         notes["rewrite"][entry.index] = "; ".join(f"{type(p).__name__}: {r.record}"
                                                    for p, r in zip(pipeline.passes, results))
         nxt = {b.name: b.extent_out for b in bindings if b.carried}
-        kind = "cudagraph" if "R" in rules else "graph"
-        programs[entry.index] = EntryProgram(entry, gm, tuple(gm.meta.get("cadence_arena_inputs", ())), nxt, kind,
-                                             None if "S" in rules else specs)
+        kind = "cudagraph" if rules.replays else "graph"
+        programs[entry.index] = EntryProgram(entry, gm, meta.arena_inputs(gm), nxt, kind,
+                                             None if rules.stable_state else specs)
     del step
     return Executable(plan, programs, sig.inputs, sig.outputs, carried, rules, notes, spare_arena=scratch)
 
@@ -181,7 +204,7 @@ def _stock_state_drift(gm: fx.GraphModule, plan: Plan, specs: dict[str, TensorSp
     the ``n_timesteps`` slots the next step reads.  A step over stock state must take
     what the stock step returns, so rules R/Rc adopt it and trace again.
     """
-    sig = gm.meta["cadence_signature"]
+    sig = meta.signature(gm)
     (outputs,) = [n.args[0] for n in gm.graph.nodes if n.op == "output"]
     drift = {}
     for r, node in zip(sig.regions, outputs[len(sig.outputs):]):
@@ -235,9 +258,7 @@ def preview_partition(executable: Executable, granularity: str = "chunk", bounda
     for idx, program in sorted(executable.programs.items()):
         if not isinstance(program.run, fx.GraphModule) or program.kind != "graph":
             continue
-        part = Partition(None, granularity, boundary)
-        part(program.run)
-        out[idx] = part.record
+        out[idx] = Partition(None, granularity, boundary)(program.run).record
     return out
 
 

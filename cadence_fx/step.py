@@ -2,17 +2,25 @@
 
 An adapter names its step's inputs, carried regions and outputs (``StepSignature``),
 may mark sub-calls with ``scope`` (where per-step replay cuts its graphs), and is
-compiled under a ``Rules`` value.  Nothing here imports a pass or the runtime, so
-model code (integrations) and every compiler stage can depend on it.
+compiled under a ``Rules`` value.  The compiler stages leave what they learn about a
+traced graph in its ``meta`` dicts; the keys live here, each with a small typed
+accessor (``role``/``tag``, ``signature``, ``arena_inputs``, ``capturable``...), so no
+stage spells a key.  Nothing here imports a pass or the runtime, so model code
+(integrations) and every compiler stage can depend on it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Iterator
+import enum
+from typing import TYPE_CHECKING, Any, Iterator
 
 from .errors import RulesError
+
+if TYPE_CHECKING:  # annotations only: model code imports this module without torch.fx
+    import torch
+    import torch.fx as fx
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,8 +51,13 @@ def scope(name: str) -> Iterator[None]:
     finally:
         node = start.next
         while node is not graph._root:
-            node.meta["cadence_scope"] = node.meta.get("cadence_scope", ()) + (name,)
+            node.meta[SCOPE] = scopes(node) + (name,)
             node = node.next
+
+
+def scopes(node: "fx.Node") -> tuple[str, ...]:
+    """The ``scope`` names a node was traced inside, outermost last (``()``: none)."""
+    return node.meta.get(SCOPE, ())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,3 +101,71 @@ class Rules:
 
 
 Rules.STOCK = Rules(False, None)
+
+
+# ------------------------------------------------------------------ graph metadata
+# The keys, in one place.  Values are plain data (strings, tuples, a StepSignature).
+TAG = "cadence"  # node.meta: {"role": Role, ...role-specific fields}
+SCOPE = "cadence_scope"  # node.meta: tuple of scope names (``scope``)
+SIGNATURE = "cadence_signature"  # gm.meta: the StepSignature the graph was traced for (trace)
+EXAMPLE_INPUTS = "cadence_example_inputs"  # gm.meta: input tensors to run the graph with (trace)
+DEVICE = "cadence_device"  # gm.meta: the torch.device it was traced on (trace)
+ARENA_INPUTS = "cadence_arena_inputs"  # gm.meta: regions bound to arena placeholders, in order (state_rewrite)
+CAPTURABLE = "cadence_capturable"  # a partitioned child's meta: may it be one CUDA graph (partition)
+
+
+class Role(str, enum.Enum):
+    """What a node is to the compiler (``node.meta["cadence"]["role"]``; equal to its string)."""
+
+    INPUT = "input"  # placeholder: a per-step input; field ``name`` (trace)
+    STATE = "state"  # placeholder: carried state; ``name`` (trace; state_rewrite removes it)
+    BUFFER = "buffer"  # get_attr: a module buffer bound to ``region`` (trace; state_rewrite removes it)
+    FOLDED = "folded"  # get_attr: a host constant evaluated once, ``from`` the node it replaced
+    ARENA = "arena"  # placeholder: ``region``'s whole arena view (state_rewrite)
+    STATE_VIEW = "state_view"  # the old state of ``region``, a view of its arena (state_rewrite)
+    WRITEBACK = "writeback"  # a node copying the next state into ``region`` (state_rewrite)
+
+
+def tag(node: "fx.Node", role: Role, **fields: Any) -> None:
+    """Set a node's role and its fields (``name``, ``region`` or ``from``: see ``Role``)."""
+    node.meta[TAG] = {"role": role, **fields}
+
+
+def tag_of(node: "fx.Node") -> dict[str, Any]:
+    """A node's role and fields (``{}`` if untagged)."""
+    return node.meta.get(TAG, {})
+
+
+def role(node: "fx.Node") -> Role | None:
+    r = tag_of(node).get("role")
+    return None if r is None else Role(r)
+
+
+def region(node: "fx.Node") -> str | None:
+    """The region a tagged node belongs to (a state placeholder's is its ``name``)."""
+    t = tag_of(node)
+    return t.get("region", t.get("name") if t.get("role") == Role.STATE else None)
+
+
+def signature(gm: "fx.GraphModule") -> StepSignature | None:
+    return gm.meta.get(SIGNATURE)
+
+
+def arena_inputs(gm: "fx.GraphModule") -> tuple[str, ...]:
+    """The regions whose arena views follow the step's inputs as placeholders (``()``: none)."""
+    return tuple(gm.meta.get(ARENA_INPUTS, ()))
+
+
+def example_inputs(gm: "fx.GraphModule") -> "list[torch.Tensor] | None":
+    return gm.meta.get(EXAMPLE_INPUTS)
+
+
+def traced_device(gm: "fx.GraphModule") -> "torch.device":
+    import torch
+    return gm.meta.get(DEVICE, torch.device("cpu"))
+
+
+def capturable(module: Any) -> bool | None:
+    """A partitioned child's verdict: True/False, or None for a module partition did not make."""
+    meta = getattr(module, "meta", None)
+    return meta.get(CAPTURABLE) if isinstance(meta, dict) else None

@@ -20,6 +20,8 @@ from typing import Mapping
 import torch
 import torch.fx as fx
 
+from .. import step as meta
+from ..step import Role
 from .base import is_view, returns_written, written_args
 
 
@@ -45,13 +47,13 @@ def byte_interval(t: torch.Tensor) -> tuple[int, int]:
 
 
 def origins(gm: fx.GraphModule) -> dict[fx.Node, str]:
-    """S/B tags: ``state view`` nodes carry meta cadence role ``state_view``; arena placeholders B."""
+    """S/B tags: ``Role.STATE_VIEW`` nodes are S, ``Role.ARENA`` placeholders B; views inherit."""
     tag: dict[fx.Node, str] = {}
     for node in gm.graph.nodes:
-        role = node.meta.get("cadence", {}).get("role")
-        if role == "state_view":
+        role = meta.role(node)
+        if role is Role.STATE_VIEW:
             tag[node] = "S"
-        elif role == "arena":
+        elif role is Role.ARENA:
             tag[node] = "B"
         elif (node.op == "call_function" and (is_view(node) or returns_written(node)) and node.args
               and isinstance(node.args[0], fx.Node)):

@@ -2,8 +2,16 @@
 
 A pass is an object with ``requires(gm)`` (preconditions), ``call(gm)`` returning a
 ``PassResult(graph_module, modified, record)`` and ``ensures(gm)`` (postconditions).
+A pass keeps no state between calls: what it did is its result's ``record``.
 ``PassManager`` runs an ordered list, checks explicit ordering constraints, lints the
 graph after every pass in debug mode and, on failure, says which passes ran before.
+
+Generated code: ``gm.recompile()`` turns the graph into Python source (about a second
+at a released model's size).  A pass called alone regenerates it before its
+``ensures``; ``PassManager`` regenerates it once, after the last pass, unless a pass
+declares ``ensures_runs_code`` (its check calls the module itself) or debug is on.
+Passes read the graph, never ``gm.code``; an ``fx.Interpreter`` also runs the graph,
+so the hazard checks need no fresh code.
 """
 
 from __future__ import annotations
@@ -28,6 +36,8 @@ class CadencePass:
     """Base class: override ``call``; ``requires``/``ensures`` raise ``PassError``."""
 
     name: str = "pass"
+    #: ``ensures`` calls the module's generated code (so it must be regenerated first)
+    ensures_runs_code: bool = False
 
     def requires(self, gm: fx.GraphModule) -> None:  # noqa: D401 - hook
         return None
@@ -39,10 +49,15 @@ class CadencePass:
         return None
 
     def __call__(self, gm: fx.GraphModule) -> PassResult:
+        return self.run(gm, recompile=True)
+
+    def run(self, gm: fx.GraphModule, recompile: bool) -> PassResult:
+        """requires, call, lint, (regenerate the code), ensures."""
         self.requires(gm)
         result = self.call(gm)
         result.graph_module.graph.lint()
-        result.graph_module.recompile()
+        if recompile or self.ensures_runs_code:
+            result.graph_module.recompile()
         self.ensures(result.graph_module)
         return result
 
@@ -67,7 +82,14 @@ def this_before_that(this: type, that: type) -> Callable[[Sequence[CadencePass]]
 
 
 class PassManager:
-    """Runs passes in order; ``checks`` run after every pass when ``debug`` is on."""
+    """Runs passes in order; ``checks`` run after every pass when ``debug`` is on.
+
+    The module's code is regenerated once, after the last pass (after every pass in
+    debug mode, or with ``recompile_every_pass``: how it was done before, kept to
+    measure and to compare against).
+    """
+
+    recompile_every_pass: bool = False
 
     def __init__(self, passes: Sequence[CadencePass], constraints=(), checks=(), debug: bool = False):
         self.passes = list(passes)
@@ -80,9 +102,10 @@ class PassManager:
 
     def __call__(self, gm: fx.GraphModule) -> tuple[fx.GraphModule, list[PassResult]]:
         results: list[PassResult] = []
+        every = self.debug or self.recompile_every_pass
         for i, p in enumerate(self.passes):
             try:
-                res = p(gm)
+                res = p.run(gm, recompile=every)
                 gm = res.graph_module
                 if self.debug:
                     for check in self.checks:
@@ -91,6 +114,8 @@ class PassManager:
                 ran = [type(q).__name__ for q in self.passes[:i]]
                 raise PassError(f"{type(p).__name__} failed after {ran}: {e}") from e
             results.append(res)
+        if not every:
+            gm.recompile()
         return gm, results
 
 

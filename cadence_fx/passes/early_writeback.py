@@ -30,6 +30,9 @@ After::
     wav = vocoder(mel)
     return (wav,)
 
+requires: a graph from ``state_rewrite`` (no carried-state placeholder left; an arena
+placeholder for every region it writes back; a binding for every arena input when
+the hazards are checked).
 ensures: every write-back still follows its source and every node that touches its
 region; and (``aliasing.region_hazards``, as ``state_rewrite``) no op reads old state
 from memory that was already overwritten. The compiler runs ``state_rewrite`` with
@@ -43,23 +46,23 @@ from typing import Sequence
 
 import torch.fx as fx
 
+from .. import step as meta
 from ..errors import PassError
+from ..step import Role
 from .base import CadencePass, PassResult, view_root, written_args
 
 
 def _groups(gm: fx.GraphModule) -> dict[str, list[fx.Node]]:
     groups: dict[str, list[fx.Node]] = {}
     for n in gm.graph.nodes:
-        meta = n.meta.get("cadence", {})
-        if meta.get("role") == "writeback":
-            groups.setdefault(meta["region"], []).append(n)
+        if meta.role(n) is Role.WRITEBACK:
+            groups.setdefault(meta.region(n), []).append(n)
     return groups
 
 
 def _arena(gm: fx.GraphModule, region: str) -> fx.Node:
     for n in gm.graph.nodes:
-        if n.op == "placeholder" and n.meta.get("cadence", {}).get("role") == "arena" \
-                and n.meta["cadence"]["region"] == region:
+        if n.op == "placeholder" and meta.role(n) is Role.ARENA and meta.region(n) == region:
             return n
     raise PassError(f"early_writeback: write-back of {region!r} but no arena placeholder for it")
 
@@ -87,6 +90,21 @@ class EarlyWriteback(CadencePass):
     def __init__(self, bindings: Sequence = (), check_hazards: bool = True):
         self.bindings = {b.name: b for b in bindings}
         self.check_hazards = check_hazards
+
+    def requires(self, gm: fx.GraphModule) -> None:
+        if meta.signature(gm) is None:
+            raise PassError("early_writeback needs a graph from trace_step and state_rewrite (no signature)")
+        left = [n.name for n in gm.graph.nodes if meta.role(n) in (Role.STATE, Role.BUFFER)]
+        if left:
+            raise PassError(f"early_writeback needs a graph from state_rewrite; carried state {left} is "
+                            f"not in the arena yet: run StateRewrite first")
+        for region in _groups(gm):
+            _arena(gm, region)
+        if self.check_hazards and self.bindings:
+            unbound = [r for r in meta.arena_inputs(gm) if r not in self.bindings]
+            if unbound:
+                raise PassError(f"early_writeback: arena inputs {unbound} have no region binding; "
+                                f"pass the bindings state_rewrite got")
 
     def call(self, gm: fx.GraphModule) -> PassResult:
         moved: dict[str, int] = {}

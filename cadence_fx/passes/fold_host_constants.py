@@ -19,12 +19,14 @@ import operator
 import torch
 import torch.fx as fx
 
+from .. import step as meta
 from ..errors import PassError
+from ..step import Role
 from .base import CadencePass, PassResult, has_side_effect, view_root, written_args
 
 
 def _is_param_or_region(gm: fx.GraphModule, node: fx.Node) -> bool:
-    if node.meta.get("cadence", {}).get("role") == "buffer":
+    if meta.role(node) is Role.BUFFER:
         return True
     value = getattr(gm, node.target)
     return isinstance(value, torch.nn.Parameter) or str(node.target).startswith("_param_constant")
@@ -36,6 +38,8 @@ def _storage(gm: fx.GraphModule, node: fx.Node) -> int | None:
 
 
 class FoldHostConstants(CadencePass):
+    """requires: nothing (any traced step).  ensures: no host transfer of a constant is left."""
+
     name = "fold_host_constants"
 
     def call(self, gm: fx.GraphModule) -> PassResult:
@@ -72,7 +76,7 @@ class FoldHostConstants(CadencePass):
             gm.register_buffer(name, value, persistent=False)
             with gm.graph.inserting_before(node):
                 const = gm.graph.get_attr(name)
-            const.meta["cadence"] = {"role": "folded", "from": node.name}
+            meta.tag(const, Role.FOLDED, **{"from": node.name})
             for user in outside_users:
                 user.replace_input_with(node, const)
             folded += 1

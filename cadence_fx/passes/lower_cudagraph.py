@@ -1,10 +1,12 @@
-"""lower_cudagraph: capturable submodules -> ``CapturedRegion`` modules (rule R).
+"""lower_cudagraph: capturable submodules -> replay-region modules (rule R).
 
-Input: a partitioned ``GraphModule`` (``Partition``) whose children carry
-``meta["cadence_capturable"]``.  Each capturable child is replaced by a
-``runtime.graphs.CapturedRegion`` wrapping it; eager islands stay as they are.
-Capture itself happens per session (``runtime.graphs.capture_entry``), because a
-graph binds the session's arena by address.
+Input: a partitioned ``GraphModule`` (``Partition``) whose children carry their
+verdict (``step.capturable``).  Each capturable child is replaced by a region
+wrapper around it, made by the ``region`` factory the compiler hands in
+(``runtime.graphs.CapturedRegion``: a pass never imports the runtime); eager
+islands stay as they are.  Capture itself happens per session
+(``runtime.graphs.capture_entry``), because a graph binds the session's arena by
+address.
 
 A piece that writes into one of its arguments must get that very memory at every
 replay: a static copy would take the write away from its owner (e.g. a state
@@ -16,11 +18,18 @@ A piece of views only is marked trivial: nothing to capture.
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
+import torch
 import torch.fx as fx
 
-from ..runtime.graphs import CapturedRegion
+from .. import step as meta
+from ..errors import PassError
 from .base import CadencePass, PassResult, is_view, view_root, written_args
+
+#: ``region(piece, bound, name=..., trivial=...) -> module``: ``bound[i]`` says the
+#: piece writes into placeholder i; ``trivial``: the piece launches no kernel
+RegionFactory = Callable[..., torch.nn.Module]
 
 
 def launches_kernels(piece: fx.GraphModule) -> bool:
@@ -45,21 +54,30 @@ class LowerRecord:
 
 
 class LowerCudaGraph(CadencePass):
+    """requires: a partitioned graph (children with a capturable verdict).
+    ensures: every capturable child is now a region wrapper; no eager island is."""
+
     name = "lower_cudagraph"
 
+    def __init__(self, region: RegionFactory):
+        self.region = region
+
     def requires(self, gm: fx.GraphModule) -> None:
-        from ..errors import PassError
-        if not any(isinstance(getattr(m, "meta", None), dict) and "cadence_capturable" in m.meta
-                   for m in gm.children()):
+        if not any(meta.capturable(m) is not None for m in gm.children()):
             raise PassError("lower_cudagraph needs a graph from partition (no capturable tags)")
 
     def call(self, gm: fx.GraphModule) -> PassResult:
         captured, eager = [], []
         for name, child in list(gm.named_children()):
-            if getattr(child, "meta", {}).get("cadence_capturable"):
-                setattr(gm, name, CapturedRegion(child, written_placeholders(child), name=name,
-                                                 trivial=not launches_kernels(child)))
+            if meta.capturable(child):
+                setattr(gm, name, self.region(child, written_placeholders(child), name=name,
+                                              trivial=not launches_kernels(child)))
                 captured.append(name)
             else:
                 eager.append(name)
         return PassResult(gm, bool(captured), LowerRecord(tuple(captured), tuple(eager)))
+
+    def ensures(self, gm: fx.GraphModule) -> None:
+        for name, child in gm.named_children():
+            if meta.capturable(child):  # a piece left unwrapped would run eagerly, silently
+                raise PassError(f"lower_cudagraph: capturable region {name} was not wrapped for replay")

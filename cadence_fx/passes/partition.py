@@ -26,6 +26,7 @@ import torch
 import torch.fx as fx
 from torch.fx.passes.split_module import split_module
 
+from .. import step as meta
 from ..errors import PassError
 from .base import CadencePass, PassResult
 
@@ -108,6 +109,10 @@ class PartitionRecord:
 
 
 class Partition(CadencePass):
+    """requires: nothing beyond a lint-clean graph (any traced or rewritten step).
+    ensures: every child carries its capturable verdict, and the region graph is
+    acyclic with every region running after the regions it reads (``_check_region_graph``)."""
+
     name = "partition"
 
     def __init__(self, device_type: str | None = "cuda", granularity: str = "chunk",
@@ -117,7 +122,6 @@ class Partition(CadencePass):
         if granularity == "step" and boundary is None:
             raise PassError("granularity='step' needs a boundary key (the adapter's step_boundary)")
         self.device_type, self.granularity, self.boundary = device_type, granularity, boundary
-        self.record: PartitionRecord | None = None
 
     def call(self, gm: fx.GraphModule) -> PassResult:
         _alias_returned_constants(gm)
@@ -153,13 +157,18 @@ class Partition(CadencePass):
             nodes = [n for n, p in part.items() if p == idx and n.op == "call_function"]
             capturable = all(verdicts[n].capturable for n in nodes)
             mod.meta = getattr(mod, "meta", {})
-            mod.meta["cadence_capturable"] = capturable
+            mod.meta[meta.CAPTURABLE] = capturable
             regions.append((name, capturable, len(nodes)))
         split.meta.update(gm.meta)
         islands = tuple(v for v in verdicts.values() if not v.capturable)
-        self.record = PartitionRecord(tuple(regions), islands)
-        _check_region_graph(split)
-        return PassResult(split, True, self.record)
+        return PassResult(split, True, PartitionRecord(tuple(regions), islands))
+
+    def ensures(self, gm: fx.GraphModule) -> None:
+        calls = [n for n in gm.graph.nodes if n.op == "call_module"]
+        for n in calls:
+            if meta.capturable(gm.get_submodule(n.target)) is None:
+                raise PassError(f"partition: region {n.target} has no capturable verdict")
+        _check_region_graph(gm)
 
 
 def _alias_returned_constants(gm: fx.GraphModule) -> None:

@@ -15,6 +15,8 @@ from .base import CadencePass, PassResult, has_side_effect
 
 
 class PruneDead(CadencePass):
+    """requires: nothing.  ensures: nothing beyond the lint (removal keeps every effect by rule)."""
+
     name = "prune_dead"
 
     def call(self, gm: fx.GraphModule) -> PassResult:

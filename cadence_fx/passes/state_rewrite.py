@@ -23,6 +23,9 @@ no write-back: its state view *is* the arena view.  The rewritten graph allocate
 no state: every region keeps one address for the session and the graph returns
 only the step's outputs.
 
+requires: a graph from ``trace_step`` (its signature in ``gm.meta``); a carried binding
+for every region the step returns, traced at the entry's extent, returned in the
+declared dtype.
 ensures: no ``state_*`` placeholder and no region-bound ``get_attr`` remain; the
 graph returns no region memory; every write-back has the shape of the view it
 fills; and (``aliasing.region_hazards``) no op reads old state from memory the
@@ -37,7 +40,9 @@ from typing import Mapping, Sequence
 import torch
 import torch.fx as fx
 
+from .. import step as meta
 from ..errors import PassError
+from ..step import Role
 from . import aliasing
 from .base import CadencePass, PassResult, returns_written, view_root
 
@@ -82,11 +87,10 @@ class StateRewrite(CadencePass):
     def __init__(self, bindings: Sequence[RegionBinding], check_hazards: bool = True):
         self.bindings = {b.name: b for b in bindings}
         self.check_hazards = check_hazards
-        self.record: RewriteRecord | None = None
 
     # ------------------------------------------------------------------ requires
     def requires(self, gm: fx.GraphModule) -> None:
-        sig = gm.meta.get("cadence_signature")
+        sig = meta.signature(gm)
         if sig is None:
             raise PassError("state_rewrite needs a graph from trace_step (no cadence_signature in gm.meta)")
         for r in sig.regions:
@@ -96,9 +100,8 @@ class StateRewrite(CadencePass):
             if not b.carried:
                 raise PassError(f"state_rewrite: {r!r} is returned by the step but declared carried=False")
         for node in gm.graph.nodes:
-            meta = node.meta.get("cadence", {})
-            if meta.get("role") == "state":
-                b = self.bindings[meta["name"]]
+            if meta.role(node) is Role.STATE:
+                b = self.bindings[meta.region(node)]
                 want = _narrowed_shape(b, b.extent_in)
                 got = tuple(node.meta["val"].shape)
                 if got != want:
@@ -116,35 +119,35 @@ class StateRewrite(CadencePass):
     # ---------------------------------------------------------------------- call
     def call(self, gm: fx.GraphModule) -> PassResult:
         graph = gm.graph
-        sig = gm.meta["cadence_signature"]
+        sig = meta.signature(gm)
         placeholders = [n for n in graph.nodes if n.op == "placeholder"]
         used = [b for b in self.bindings.values()
-                if any(n.meta.get("cadence", {}).get("name") == b.name and n.meta["cadence"]["role"] == "state"
-                       for n in placeholders)
-                or any(n.meta.get("cadence", {}).get("region") == b.name for n in graph.nodes if n.op == "get_attr")]
+                if any(meta.role(n) is Role.STATE and meta.region(n) == b.name for n in placeholders)
+                or any(meta.role(n) is Role.BUFFER and meta.region(n) == b.name
+                       for n in graph.nodes if n.op == "get_attr")]
 
         arena: dict[str, fx.Node] = {}
         with graph.inserting_after(placeholders[-1]):
             for b in reversed(used):
                 node = graph.placeholder(f"arena_{b.name}")
-                node.meta["cadence"] = {"role": "arena", "region": b.name}
+                meta.tag(node, Role.ARENA, region=b.name)
                 arena[b.name] = node
         first_compute = next(n for n in graph.nodes if n.op != "placeholder")
 
         rebound = 0
         for node in list(graph.nodes):
-            meta = node.meta.get("cadence", {})
-            if node.op == "placeholder" and meta.get("role") == "state":
-                b = self.bindings[meta["name"]]
+            role = meta.role(node)
+            if node.op == "placeholder" and role is Role.STATE:
+                b = self.bindings[meta.region(node)]
                 with graph.inserting_before(first_compute):
                     view = self._view(graph, arena[b.name], b, b.extent_in)
-                view.meta["cadence"] = {"role": "state_view", "region": b.name}
+                meta.tag(view, Role.STATE_VIEW, region=b.name)
                 view.meta["val"] = node.meta.get("val")
                 node.replace_all_uses_with(view)
                 graph.erase_node(node)
-            elif node.op == "get_attr" and meta.get("role") == "buffer":
+            elif node.op == "get_attr" and role is Role.BUFFER:
                 rebound += len(node.users)
-                node.replace_all_uses_with(arena[meta["region"]])
+                node.replace_all_uses_with(arena[meta.region(node)])
                 graph.erase_node(node)
 
         out_node = next(n for n in graph.nodes if n.op == "output")
@@ -170,12 +173,12 @@ class StateRewrite(CadencePass):
                 dst = self._view(graph, arena[name], b, b.extent_out)
                 group += [dst, graph.call_function(aten.copy_.default, (dst, src))]
             for n in group:  # early_writeback may move the group up to where the state is final
-                n.meta["cadence"] = {"role": "writeback", "region": name}
+                meta.tag(n, Role.WRITEBACK, region=name)
             written.append(name)
         out_node.args = (tuple(values[:n_out]),)
-        gm.meta["cadence_arena_inputs"] = tuple(b.name for b in used)
-        self.record = RewriteRecord(tuple(b.name for b in used), tuple(in_place), tuple(written), rebound)
-        return PassResult(gm, True, self.record)
+        gm.meta[meta.ARENA_INPUTS] = tuple(b.name for b in used)
+        return PassResult(gm, True, RewriteRecord(tuple(b.name for b in used), tuple(in_place), tuple(written),
+                                                  rebound))
 
     @staticmethod
     def _view(graph: fx.Graph, arena: fx.Node, b: RegionBinding, extent: int | None) -> fx.Node:
@@ -199,12 +202,12 @@ class StateRewrite(CadencePass):
     # ------------------------------------------------------------------- ensures
     def ensures(self, gm: fx.GraphModule) -> None:
         for node in gm.graph.nodes:
-            role = node.meta.get("cadence", {}).get("role")
-            if role in ("state", "buffer"):
-                raise PassError(f"state_rewrite left {role} node {node.name}")
+            role = meta.role(node)
+            if role in (Role.STATE, Role.BUFFER):
+                raise PassError(f"state_rewrite left {role.value} node {node.name}")
         out = next(n for n in gm.graph.nodes if n.op == "output")
         for v in out.args[0]:
-            if isinstance(v, fx.Node) and view_root(v).meta.get("cadence", {}).get("role") == "arena":
+            if isinstance(v, fx.Node) and meta.role(view_root(v)) is Role.ARENA:
                 raise PassError(f"state_rewrite: output {v.name} aliases region memory")
         if self.check_hazards:
             problems = check_graph_hazards(gm, self.bindings)
@@ -215,15 +218,15 @@ class StateRewrite(CadencePass):
 
 def check_graph_hazards(gm: fx.GraphModule, bindings: Mapping[str, RegionBinding]) -> list[str]:
     """Run the rewritten graph once on scratch region memory and look for hazards."""
-    example = gm.meta.get("cadence_example_inputs")
+    example = meta.example_inputs(gm)
     if example is None:
         return []
-    dev = gm.meta.get("cadence_device", torch.device("cpu"))
+    dev = meta.traced_device(gm)
     regions = {}
-    for name in gm.meta["cadence_arena_inputs"]:
+    for name in meta.arena_inputs(gm):
         b = bindings[name]
         regions[name] = torch.zeros(b.shape, dtype=getattr(torch, b.dtype), device=dev)
-    args = list(example) + [regions[n] for n in gm.meta["cadence_arena_inputs"]]
+    args = list(example) + [regions[n] for n in meta.arena_inputs(gm)]
     # the check must not advance the caller's generators
     with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
         accesses = aliasing.record_accesses(gm, args, regions)

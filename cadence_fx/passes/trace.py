@@ -8,21 +8,29 @@ tensors are all recorded as they run; later passes fold or rewrite them.
 
 The traced function is ``step(inputs: dict, state: dict) -> (outputs: dict,
 new_state: dict)``.  Placeholders are renamed ``in_<name>`` / ``state_<name>`` and
-tagged in ``node.meta["cadence"]``; ``get_attr`` nodes whose tensor is a module buffer
-bound to a region are tagged ``{"role": "buffer", "region": ...}``.  The graph returns
-``(*outputs, *new_state)`` in signature order (``gm.meta["cadence_signature"]``).
+tagged ``Role.INPUT`` / ``Role.STATE``; ``get_attr`` nodes whose tensor is a module
+buffer bound to a region are tagged ``Role.BUFFER``.  The graph returns ``(*outputs,
+*new_state)`` in signature order (``step.signature(gm)``).
+
+Speed: make_fx records a fake tensor as every node's ``meta["val"]``, and without a
+fake mode in scope it builds a new ``FakeTensorMode`` per value (tens of thousands for
+a released model, about a fifth of the trace).  ``one_fake_mode`` hands it one mode
+through a ``TracingContext``; the recorded values (shape, dtype, stride, device) and
+the graph are the same.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+import contextlib
+from typing import Callable, Iterator, Mapping
 
 import torch
 import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ..errors import TraceError
-from ..step import StepSignature
+from .. import step as meta
+from ..step import Role, StepSignature
 
 
 def same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -31,6 +39,25 @@ def same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
         return True
     return (a.device == b.device and a.dtype == b.dtype and a.shape == b.shape
             and a.stride() == b.stride() and a.data_ptr() == b.data_ptr())
+
+
+@contextlib.contextmanager
+def one_fake_mode() -> Iterator[None]:
+    """One ``FakeTensorMode`` for every ``meta["val"]`` make_fx records in this block.
+
+    make_fx asks ``torch._guards.detect_fake_mode``, which prefers the fake mode of
+    the active ``TracingContext``.  A context the caller already has is left alone,
+    and a torch without this API traces as before (a mode per value).
+    """
+    guards = getattr(torch, "_guards", None)
+    context = getattr(guards, "TracingContext", None)
+    if (context is None or not hasattr(guards, "tracing") or not hasattr(context, "try_get")
+            or context.try_get() is not None):
+        yield
+        return
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with guards.tracing(context(FakeTensorMode(allow_fallback_kernels=True))):
+        yield
 
 
 def trace_step(fn: Callable, signature: StepSignature, inputs: Mapping[str, torch.Tensor],
@@ -56,7 +83,8 @@ def trace_step(fn: Callable, signature: StepSignature, inputs: Mapping[str, torc
     args = [inputs[n] for n in signature.inputs] + [state[n] for n in signature.regions]
     try:
         with torch.no_grad():
-            gm = make_fx(flat, pre_dispatch=True)(*args)
+            with one_fake_mode():
+                gm = make_fx(flat, pre_dispatch=True)(*args)
     except TraceError:
         raise
     except Exception as e:  # pragma: no cover - message carries the upstream failure
@@ -64,11 +92,11 @@ def trace_step(fn: Callable, signature: StepSignature, inputs: Mapping[str, torc
                          f"{[tuple(a.shape) for a in args]}: {type(e).__name__}: {e}") from e
 
     names = [f"in_{n}" for n in signature.inputs] + [f"state_{n}" for n in signature.regions]
-    roles = [("input", n) for n in signature.inputs] + [("state", n) for n in signature.regions]
+    roles = [(Role.INPUT, n) for n in signature.inputs] + [(Role.STATE, n) for n in signature.regions]
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for node, name, (role, rname) in zip(placeholders, names, roles):
         node.name = node.target = name
-        node.meta["cadence"] = {"role": role, "name": rname}
+        meta.tag(node, role, name=rname)
 
     bound = dict(bound_buffers or {})
     for node in gm.graph.nodes:
@@ -77,11 +105,11 @@ def trace_step(fn: Callable, signature: StepSignature, inputs: Mapping[str, torc
         value = getattr(gm, node.target)
         for region, buf in bound.items():
             if isinstance(value, torch.Tensor) and same_tensor(value, buf):
-                node.meta["cadence"] = {"role": "buffer", "region": region}
-    gm.meta["cadence_signature"] = signature
+                meta.tag(node, Role.BUFFER, region=region)
+    gm.meta[meta.SIGNATURE] = signature
     # small non-state inputs, kept so later passes can check themselves by running
-    gm.meta["cadence_example_inputs"] = [inputs[n].clone() for n in signature.inputs]
-    gm.meta["cadence_device"] = args[0].device if args else torch.device("cpu")
+    gm.meta[meta.EXAMPLE_INPUTS] = [inputs[n].clone() for n in signature.inputs]
+    gm.meta[meta.DEVICE] = args[0].device if args else torch.device("cpu")
     gm.graph.lint()
     gm.recompile()
     return gm

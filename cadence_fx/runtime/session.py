@@ -14,6 +14,7 @@ import torch
 
 from ..errors import CadenceError, InputError, SessionClosed
 from ..plan import CatalogEntry, Plan, TensorSpec, same_layout
+from ..step import Rules
 from .arena import Arena
 from .counters import SessionStats
 
@@ -39,7 +40,7 @@ class Executable:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     carried: tuple[str, ...]
-    rules: str
+    rules: Rules
     notes: dict[str, Any] = dataclasses.field(default_factory=dict)  # timings, pass records
     #: rule S: the arena the entries were traced on, handed (zeroed) to the first session
     spare_arena: Arena | None = dataclasses.field(default=None, repr=False, compare=False)
@@ -48,7 +49,7 @@ class Executable:
     @property
     def stable_state(self) -> bool:
         """Rule S: state in an arena at stable addresses; else stock-managed state."""
-        return "S" in self.rules
+        return self.rules.stable_state
 
     def take_arena(self, device: torch.device | str) -> Arena:
         """An arena for a new session: the trace's own (zero-filled again) the first
