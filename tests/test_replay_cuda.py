@@ -23,8 +23,8 @@ from cadence_fx.compiler import compile_executable
 from cadence_fx.runtime.graphs import CapturedRegion, region_stats
 from cadence_fx.verify import deterministic_protocol
 
-from test_partition import ScopedToyAdapter
-from helpers.toy_models import CHANNELS, FRAMES, ToyAdapter, assert_stream_exact, make_toy, toy_inputs, toy_prompt
+from helpers.toy_models import CHANNELS, FRAMES, ScopedToyAdapter, ToyAdapter, assert_stream_exact, make_toy, toy_inputs, \
+    toy_prompt
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="rules SR/SRc replay CUDA graphs: no CUDA")]

@@ -33,7 +33,7 @@ from torch import nn
 from cadence_fx import Clock, Fixed, Region, Window, get_declaration, native_clock
 from cadence_fx.adapter import StreamingAdapter
 from cadence_fx.compiler import open_session
-from cadence_fx.step import StepSignature
+from cadence_fx.step import StepSignature, scope, scopes
 from cadence_fx.plan import ScopeVerdict, TensorSpec
 from cadence_fx.runtime.binding import rebind_buffers
 from cadence_fx.runtime.session import Executable, Session
@@ -241,6 +241,28 @@ class ToyAdapter(StreamingAdapter):
         if prompt.shape[2] != self.prompt_frames:
             raise ValueError(f"prompt has {prompt.shape[2]} frames; this adapter plans for {self.prompt_frames}")
         return open_session(executable, self, prompt)
+
+
+class ScopedToyAdapter(ToyAdapter):
+    """The toy with its attention call traced inside ``scope("attn")``: the per-step
+    cut rules SR make for Token2Wav's DiT estimator calls (``step_boundary``)."""
+
+    def bind(self, buffers):
+        twin = rebind_buffers(self.model, buffers)  # twin.attn is a copy: patching it leaves the model alone
+        forward_chunk = twin.attn.forward_chunk
+
+        def scoped_forward_chunk(h, cache):
+            with scope("attn"):
+                return forward_chunk(h, cache)
+
+        twin.attn.forward_chunk = scoped_forward_chunk
+
+        def step(inputs, state, last: bool = False):
+            return twin.stream(inputs, state, self.prompt_frames, last)
+        return step
+
+    def step_boundary(self):
+        return lambda node: "attn" in scopes(node)
 
 
 def assert_stream_exact(opt_state: dict, stock_state: dict, stock_out: dict, opt_out: dict, where: str) -> None:

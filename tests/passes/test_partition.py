@@ -31,11 +31,10 @@ from cadence_fx.passes.partition import NodeVerdict, Partition, PartitionRecord,
 from cadence_fx.passes.trace import trace_step
 from cadence_fx.step import scope
 from cadence_fx.runtime.arena import Arena
-from cadence_fx.runtime.binding import rebind_buffers
 from cadence_fx.runtime.graphs import ArgSpec, CapturedRegion, fresh_regions, region_stats, run_graph
 from cadence_fx.runtime.session import Session
 
-from helpers.toy_models import ToyAdapter, make_toy, toy_inputs
+from helpers.toy_models import ScopedToyAdapter, ToyAdapter, make_toy, toy_inputs
 
 aten = torch.ops.aten
 
@@ -70,28 +69,6 @@ def lone_node(target, *vals, out=None) -> fx.Node:
 def verdicts(gm: fx.GraphModule, device_type: str) -> dict[str, tuple[bool, str]]:
     return {n.name: (v.capturable, v.reason) for n in gm.graph.nodes
             for v in [capturability(n, device_type)]}
-
-
-class ScopedToyAdapter(ToyAdapter):
-    """The toy with its attention call traced inside ``scope("attn")``: the per-step
-    cut rules SR make for Token2Wav's DiT estimator calls (``step_boundary``)."""
-
-    def bind(self, buffers):
-        twin = rebind_buffers(self.model, buffers)  # twin.attn is a copy: patching it leaves the model alone
-        forward_chunk = twin.attn.forward_chunk
-
-        def scoped_forward_chunk(h, cache):
-            with scope("attn"):
-                return forward_chunk(h, cache)
-
-        twin.attn.forward_chunk = scoped_forward_chunk
-
-        def step(inputs, state, last: bool = False):
-            return twin.stream(inputs, state, self.prompt_frames, last)
-        return step
-
-    def step_boundary(self):
-        return lambda node: "attn" in node.meta.get("cadence_scope", ())
 
 
 # ---------------------------------------------------------------- capturability
@@ -253,7 +230,7 @@ def forward(self, mul_1, nonzero):
     sum_default = torch.ops.aten.sum.default(nonzero);  nonzero = None
     add_tensor_1 = torch.ops.aten.add.Tensor(sum_default, _c3__tensor_constant0_1);  sum_default = _c3__tensor_constant0_1 = None
     return (add_tensor, add_tensor_1)""")
-        self.assertIs(result.record, partition.record)
+        self.assertFalse(hasattr(partition, "record"))  # the record is the result's: no state between calls
         self.assertExpectedInline(str(result.record), """\
 3 regions (2 capturable, 1 eager); eager nodes: ['nonzero (data-dependent shape: aten.nonzero.default)']""")
         self.assertEqual(result.record, PartitionRecord(
@@ -309,7 +286,7 @@ def forward(self, arg0_1):
     getitem_1 = submod_0[1];  submod_0 = None
     return (getitem, getitem_1)""")
         x = torch.randn(3)
-        doubled, carried = LowerCudaGraph()(split).graph_module(x)  # uncaptured: the piece runs eagerly
+        doubled, carried = LowerCudaGraph(CapturedRegion)(split).graph_module(x)  # uncaptured: the piece runs eagerly
         self.assertTrue(torch.equal(doubled, 2 * x))
         self.assertEqual(carried.data_ptr(), model.buf.data_ptr())  # the buffer itself, not a copy
         self.assertTrue(torch.equal(model.buf[0], x))
@@ -372,7 +349,7 @@ def forward(self, add):
 def lowered_gate() -> tuple[fx.GraphModule, LowerRecord]:
     _, gm = gate_graph()
     split = Partition("cpu")(gm).graph_module
-    result = LowerCudaGraph()(split)
+    result = LowerCudaGraph(CapturedRegion)(split)
     return result.graph_module, result.record
 
 
@@ -382,7 +359,7 @@ class TestLowerCudaGraph(TestCase):
         split = Partition("cpu")(gm).graph_module
         pieces = dict(split.named_children())
 
-        result = LowerCudaGraph()(split)
+        result = LowerCudaGraph(CapturedRegion)(split)
 
         self.assertTrue(result.modified)
         self.assertExpectedInline(str(result.record),
@@ -407,7 +384,7 @@ class TestLowerCudaGraph(TestCase):
 
         with torch.no_grad():
             gm = make_fx(f, pre_dispatch=True)(torch.randn(3), torch.randn(3))
-        lowered = LowerCudaGraph()(Partition("cpu")(gm).graph_module).graph_module
+        lowered = LowerCudaGraph(CapturedRegion)(Partition("cpu")(gm).graph_module).graph_module
         (region,) = [m for m in lowered.children() if isinstance(m, CapturedRegion)]
         names = [n.name for n in region.piece.graph.nodes if n.op == "placeholder"]
         self.assertEqual(dict(zip(names, region.bound)), {"x_1": False, "s_1": True})
@@ -427,7 +404,7 @@ class TestLowerCudaGraph(TestCase):
     def test_requires_a_partitioned_graph(self):
         _, gm = gate_graph()
         with self.assertRaisesRegex(PassError, r"lower_cudagraph needs a graph from partition \(no capturable tags\)"):
-            LowerCudaGraph()(gm)
+            LowerCudaGraph(CapturedRegion)(gm)
 
 
 # --------------------------------------------------- CapturedRegion (no capture)
@@ -534,7 +511,7 @@ class TestCapturedRegion(TestCase):
         # lowering marks a views-only region trivial, and a session's fresh copy keeps it
         with torch.no_grad():
             gm = make_fx(lambda x: x.t()[0], pre_dispatch=True)(torch.randn(2, 3))
-        lowered = LowerCudaGraph()(Partition("cpu")(gm).graph_module).graph_module
+        lowered = LowerCudaGraph(CapturedRegion)(Partition("cpu")(gm).graph_module).graph_module
         (region,) = [m for m in lowered.children() if isinstance(m, CapturedRegion)]
         self.assertTrue(region.trivial)
         (fresh,) = [m for m in fresh_regions(lowered).children() if isinstance(m, CapturedRegion)]

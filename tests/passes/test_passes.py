@@ -327,7 +327,7 @@ def forward(self, in_x, arena_kv, arena_c):
     return (add,)""")
         self.assertEqual(result.record, RewriteRecord(arena_inputs=("kv", "c"), in_place=("kv",),
                                                       written_back=("c",), buffers_rebound=2))
-        self.assertIs(rewrite.record, result.record)
+        self.assertFalse(hasattr(rewrite, "record"))  # the record is the result's: no state between calls
         self.assertEqual(str(result.record), "arena inputs ['kv', 'c']; in place ['kv']; written back ['c']; "
                                              "buffer reads/writes rebound: 2")
         after = counts(gm)

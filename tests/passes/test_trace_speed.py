@@ -1,0 +1,152 @@
+"""The two tracing speed-ups change nothing but the time.
+
+``trace.one_fake_mode``: make_fx records every ``meta["val"]`` in one fake mode (not a
+new one per value); the graph and every recorded value are the same, and a
+``TracingContext`` the caller already has is left alone.  ``PassManager``
+regenerates the module's code once after its last pass (not after every pass); the
+code is the same as pass by pass.  ``benchmarks/trace_time.py`` measures both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from unittest import mock
+
+import pytest
+import torch
+import torch.fx as fx
+
+from cadence_fx import step as meta
+from cadence_fx.compiler import build_plan, buffer_bindings, region_bindings, rewrite_pipeline
+from cadence_fx.passes import trace
+from cadence_fx.passes.trace import trace_step
+from cadence_fx.runtime.arena import Arena
+
+from helpers.toy_models import ToyAdapter, make_toy
+
+needs_tracing_context = pytest.mark.skipif(
+    not hasattr(getattr(torch, "_guards", None), "TracingContext"), reason="this torch has no TracingContext")
+
+
+def traced_toy(entry_index: int = 1):
+    """The toy's step at one catalog entry, traced as the compiler traces it, and its bindings."""
+    adapter = ToyAdapter(make_toy(), 2)
+    plan = build_plan(adapter)
+    entry = plan.catalog[entry_index]
+    scratch = Arena(plan.layout, "cpu")
+    step = adapter.bind(buffer_bindings(adapter.declaration, scratch))
+    state = {r: torch.zeros(entry.regions[r].shape) for r in adapter.signature.regions}
+    with torch.random.fork_rng():
+        gm = trace_step(step, adapter.signature, adapter.example_inputs(), state, {"kv": scratch.full("kv")})
+    return gm, region_bindings(plan, entry)
+
+
+def recorded(gm: fx.GraphModule) -> list:
+    """Every node's value layout and cadence tags, and the graph-level cadence keys."""
+    out = []
+    for n in gm.graph.nodes:
+        v = n.meta.get("val")
+        layout = ((tuple(v.shape), v.dtype, v.stride(), v.device) if isinstance(v, torch.Tensor)
+                  else type(v).__name__)
+        out.append((n.name, layout, meta.tag_of(n), meta.scopes(n)))
+    return out + [meta.signature(gm), meta.traced_device(gm),
+                  [tuple(t.shape) for t in meta.example_inputs(gm)]]
+
+
+def fake_modes(gm: fx.GraphModule) -> set[int]:
+    return {id(v.fake_mode) for n in gm.graph.nodes for v in [n.meta.get("val")] if hasattr(v, "fake_mode")}
+
+
+@needs_tracing_context
+def test_one_fake_mode_records_the_same_graph_and_values():
+    shared, _ = traced_toy()
+    with mock.patch.object(trace, "one_fake_mode", contextlib.nullcontext):
+        per_value, _ = traced_toy()
+    assert shared.code == per_value.code
+    assert recorded(shared) == recorded(per_value)
+    # and the speed-up is in effect: one mode for every value, where torch alone makes one each
+    assert len(fake_modes(shared)) == 1
+    assert len(fake_modes(per_value)) > 10
+
+
+@needs_tracing_context
+def test_an_enclosing_tracing_context_is_left_alone():
+    from torch._guards import TracingContext, tracing
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    theirs = TracingContext(FakeTensorMode(allow_fallback_kernels=True))
+    with tracing(theirs):
+        with trace.one_fake_mode():
+            assert TracingContext.try_get() is theirs
+        gm, _ = traced_toy()
+        assert TracingContext.try_get() is theirs
+    assert TracingContext.try_get() is None
+    assert fake_modes(gm) == {id(theirs.fake_mode)}
+
+
+def test_without_a_tracing_context_api_tracing_runs_as_before(monkeypatch):
+    # torch >= 2.5 is supported; a torch without the API must trace as it always did
+    monkeypatch.delattr(torch._guards, "tracing", raising=False)
+    with trace.one_fake_mode():
+        assert getattr(torch._guards, "TracingContext").try_get() is None
+    gm, _ = traced_toy()
+    assert len(fake_modes(gm)) > 10
+
+
+def count_recompiles(monkeypatch) -> list:
+    calls = []
+    original = fx.GraphModule.recompile
+
+    def counted(self):
+        calls.append(self)
+        return original(self)
+    monkeypatch.setattr(fx.GraphModule, "recompile", counted)
+    return calls
+
+
+@pytest.mark.parametrize("rules", ["S", ""])
+def test_one_recompile_per_pipeline_and_the_same_code_as_pass_by_pass(monkeypatch, rules):
+    gm, bindings = traced_toy()
+    one_by_one = copy.deepcopy(gm)
+    debug = copy.deepcopy(gm)
+    calls = count_recompiles(monkeypatch)
+    out, results = rewrite_pipeline(bindings, rules)(gm)
+    assert len(calls) == 1 and calls[0] is out
+    assert all(r.graph_module is out for r in results)
+
+    # the old way: every pass alone regenerates its code before its ensures
+    pipeline = rewrite_pipeline(bindings, rules)
+    calls.clear()
+    for p in pipeline.passes:
+        one_by_one = p(one_by_one).graph_module
+    assert len(calls) == len(pipeline.passes)
+    assert out.code == one_by_one.code
+    # debug mode checks after every pass on current code: one recompile per pass
+    calls.clear()
+    checked, _ = rewrite_pipeline(bindings, rules, debug=True)(debug)
+    assert len(calls) == len(pipeline.passes)
+    assert checked.code == out.code
+
+
+def test_a_pass_whose_ensures_runs_the_code_gets_fresh_code(monkeypatch):
+    from cadence_fx.passes.base import CadencePass, PassManager, PassResult
+
+    class Double(CadencePass):
+        """Rewrites every mul into an add; ``ensures`` calls the module."""
+        ensures_runs_code = True
+
+        def call(self, gm):
+            for n in gm.graph.nodes:
+                if n.target is torch.ops.aten.mul.Tensor:
+                    n.target = torch.ops.aten.add.Tensor
+            return PassResult(gm, True)
+
+        def ensures(self, gm):
+            x = torch.full((2,), 3.0)
+            assert torch.equal(gm(x), x + x), "ensures ran stale code"
+
+    gm = fx.experimental.proxy_tensor.make_fx(lambda x: x * x)(torch.ones(2))
+    calls = count_recompiles(monkeypatch)
+    out, _ = PassManager([Double()])(gm)
+    assert len(calls) == 2  # before the ensures, and once at the end
+    assert torch.equal(out(torch.full((2,), 3.0)), torch.full((2,), 6.0))
