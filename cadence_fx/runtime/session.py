@@ -357,10 +357,10 @@ class Session:
                 continue  # already written in place (e.g. setup on arena-bound buffers)
             if t.untyped_storage().data_ptr() == full.untyped_storage().data_ptr():
                 t = t.clone()  # written from its own memory: read it out first
-            writes[r] = t
-        try:
-            for r, t in writes.items():
-                self.arena.view(r, extents[r]).copy_(t)
+            writes[r] = view, t
+        try:  # from here on only the copies: the one window in which a failure leaves part written
+            for view, t in writes.values():
+                view.copy_(t)
             self.extents.update(extents)
         except BaseException as e:  # interrupted part-way (e.g. KeyboardInterrupt): some regions written
             self._break(e)
