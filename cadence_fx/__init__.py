@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .annotations import ChunkPad, Clock, Fixed, Region, Ring, Unbounded, Window, get_declaration, native_clock
-from .errors import (CadenceError, DeclarationError, InputError, PassError, PlanError, RulesError,
-                     SessionClosed, TraceError)
+from .errors import (CadenceError, DeclarationError, InputError, PassError, PlanError, RulesError, SessionBroken,
+                     SessionBusy, SessionClosed, TraceError)
 
 __version__ = "0.1.0"
 
@@ -36,5 +36,5 @@ __all__ = [
     "optimize", "native_clock", "get_declaration",
     "Clock", "Region", "Fixed", "Ring", "Window", "ChunkPad", "Unbounded",
     "CadenceError", "DeclarationError", "PlanError", "TraceError", "PassError", "InputError",
-    "SessionClosed", "RulesError",
+    "SessionClosed", "SessionBusy", "SessionBroken", "RulesError",
 ]

@@ -34,3 +34,17 @@ class SessionClosed(CadenceError, RuntimeError):
 
 class RulesError(CadenceError, ValueError):
     """The requested rules cannot run here (e.g. R without CUDA)."""
+
+
+class SessionBusy(CadenceError, RuntimeError):
+    """A call on a session that is already running one (e.g. a second thread's step).
+
+    Raised at once, never waited for: one step at a time per session; concurrent
+    streams need one session each."""
+
+
+class SessionBroken(CadenceError, RuntimeError):
+    """A step failed part-way and may have left the session's state half-written.
+
+    Every later step refuses with this error (naming the original one, also its
+    ``__cause__``) until ``restore(snapshot)`` or ``load_state(...)`` sets a whole state."""

@@ -2,21 +2,40 @@
 
 The runtime executes what ``cadence_fx.compiler`` produced (an ``Executable``: one
 program per catalog entry) and never reaches back into the passes.
+
+Misuse and faults never yield a wrong chunk:
+
+* one call at a time per session: a ``step`` (or ``snapshot``, ``restore``,
+  ``load_state``, ``prepare_replay``) while another is running on the same session,
+  from another thread, raises ``SessionBusy`` at once; it neither waits nor
+  interleaves.  Sessions are independent of each other (rule S: each has its arena).
+* a step that raises part-way (any exception, ``KeyboardInterrupt`` included) never
+  leaves a half-written state in use.  The eager fallback runs on private copies of
+  the live state and writes back only after it returned and its state was checked:
+  its failure leaves the state as it was.  A graph writes the arena in place as it
+  goes: its failure marks the session broken, and every later step raises
+  ``SessionBroken`` naming the original error until ``restore(snapshot)`` or
+  ``load_state(...)``.  (Snapshotting before every graph step instead would copy the
+  live state each step and hold a second copy per session: docs/serving.md has the
+  numbers.)  Nothing is counted for a step that did not finish.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
-from ..errors import CadenceError, InputError, SessionClosed
-from ..plan import CatalogEntry, Plan, TensorSpec, same_layout
+from ..errors import CadenceError, InputError, SessionBroken, SessionBusy, SessionClosed
+from ..plan import CatalogEntry, Plan, TensorSpec
 from ..step import Rules
 from .arena import Arena
 from .counters import SessionStats
+from .gate import AdmissionGate, StockStateGate
+from .snapshot import SessionSnapshot
 
 
 @dataclasses.dataclass
@@ -62,54 +81,6 @@ class Executable:
         return arena.clear()
 
 
-def tensor_mismatch(what: str, t: torch.Tensor, spec: TensorSpec) -> str | None:
-    """``None`` if ``t`` has ``spec``'s shape, dtype and layout, else the first difference."""
-    if tuple(t.shape) != tuple(spec.shape):
-        return f"{what} shape {tuple(t.shape)} != catalog {tuple(spec.shape)}"
-    if str(t.dtype).removeprefix("torch.") != spec.dtype:
-        return f"{what} dtype {t.dtype} != catalog {spec.dtype}"
-    if not same_layout(spec.shape, tuple(t.stride()), tuple(spec.stride)):
-        return f"{what} stride {tuple(t.stride())} != catalog {tuple(spec.stride)}"
-    return None
-
-
-def input_mismatch(entry: CatalogEntry, inputs: Mapping[str, torch.Tensor]) -> str | None:
-    """``None`` if every input has the entry's exact signature, else the first difference."""
-    for name, spec in entry.inputs.items():
-        t = inputs.get(name)
-        if t is None:
-            return f"input {name!r} missing"
-        why = tensor_mismatch(f"input {name!r}", t, spec)
-        if why is not None:
-            return why
-        if t.device != torch.device(spec.device):
-            return f"input {name!r} device {t.device} != catalog {spec.device}"
-    return None
-
-
-class AdmissionGate:
-    """Fail closed: a program runs only on the exact signature it was built for."""
-
-    def __init__(self, arena: Arena):
-        self.arena = arena
-
-    def check(self, entry: CatalogEntry, inputs: Mapping[str, torch.Tensor],
-              extents: Mapping[str, int | None]) -> str | None:
-        """``None`` to admit, else the reason (one line) to run eagerly."""
-        why = input_mismatch(entry, inputs)
-        if why is not None:
-            return why
-        for name, spec in entry.regions.items():
-            slot = self.arena.layout.slot(name)
-            if slot.axis is not None and extents.get(name) is not None and extents[name] != spec.shape[slot.axis]:
-                return f"region {name!r} extent {extents[name]} != catalog {spec.shape[slot.axis]}"
-        ptrs = self.arena.data_ptrs()
-        for name, t in self.arena.regions.items():
-            if t.data_ptr() != ptrs[name]:
-                return f"region {name!r} moved"
-        return None
-
-
 FallbackFn = Callable[..., tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]]
 
 
@@ -118,8 +89,10 @@ class Session:
 
     ``step(inputs, **flags)`` returns the step's outputs (fresh tensors the caller
     owns).  Any flag set (e.g. ``last_chunk=True``), any input outside the entry's
-    signature, or state extents outside the catalog run ``fallback`` eagerly on the
-    arena state; the reason is counted in ``stats()``.
+    signature, or state extents outside the catalog run ``fallback`` eagerly on a
+    private copy of the state; the reason is counted in ``stats()``.  One call at a
+    time (``SessionBusy``); a step that failed part-way in a graph leaves the session
+    ``broken`` (``SessionBroken``) until ``restore`` or ``load_state``.
     """
 
     def __init__(self, executable: Executable, arena: Arena | None, fallback: FallbackFn,
@@ -136,6 +109,8 @@ class Session:
         # set by prepare_replay: this session's own captured programs (graphs bind its arena)
         self._programs: dict[int, EntryProgram] | None = None
         self.capture_failures: dict[int, dict[str, str]] = {}
+        self._busy = threading.Lock()  # held by the one call running on this session
+        self._broken: BaseException | None = None  # what a step failed with, part-way
 
     # ------------------------------------------------------------------ public
     @torch.no_grad()
@@ -145,86 +120,110 @@ class Session:
         Capture runs each entry once for real: the generators are forked so the
         caller's random stream is untouched, and the state is reset afterwards
         (``load_state`` sets it up).  Returns per entry the regions whose capture
-        failed (they run eagerly).
+        failed (they run eagerly).  If capture raises (anything but out of memory,
+        which is recorded), the session keeps no graphs and is marked broken.
         """
         from .graphs import capture_entry, fresh_regions
         failed: dict[int, dict[str, str]] = {}
         if not any(p.kind == "cudagraph" for p in self.executable.programs.values()):
             return failed
-        pool = torch.cuda.graph_pool_handle()  # one pool for all this session's graphs
-        # and one capture stream: one set of library workspaces (None: a CPU test's fake capture)
-        stream = torch.cuda.Stream(self._expect_device) if self._expect_device.type == "cuda" else None
-        self._programs = {}
-        devices = [self._expect_device] if self._expect_device.type == "cuda" else []  # the CPU generator always forks
-        with torch.random.fork_rng(devices=devices):
-            for idx, program in sorted(self.executable.programs.items()):
-                parent = fresh_regions(program.run)
-                args = [example_inputs[n] for n in self.executable.inputs] + self._capture_state_args(program)
-                try:
-                    failed[idx] = capture_entry(parent, args, pool, self._bound_storage(), stream)
-                except torch.OutOfMemoryError as e:  # capture must never crash a stream: the
-                    # entry's uncaptured regions run eagerly, each step counted ("not captured")
-                    failed[idx] = {"*": f"out of memory while capturing: {e}"}
-                self._programs[idx] = dataclasses.replace(program, run=parent)
-        self._reset_state()
-        self.capture_failures = failed
-        return failed
+        with self._exclusive("prepare_replay"):
+            pool = torch.cuda.graph_pool_handle()  # one pool for all this session's graphs
+            # and one capture stream: one set of library workspaces (None: a CPU test's fake capture)
+            stream = torch.cuda.Stream(self._expect_device) if self._expect_device.type == "cuda" else None
+            programs: dict[int, EntryProgram] = {}
+            devices = [self._expect_device] if self._expect_device.type == "cuda" else []  # the CPU generator always forks
+            try:
+                with torch.random.fork_rng(devices=devices):
+                    for idx, program in sorted(self.executable.programs.items()):
+                        parent = fresh_regions(program.run)
+                        args = [example_inputs[n] for n in self.executable.inputs] + self._capture_state_args(program)
+                        try:
+                            failed[idx] = capture_entry(parent, args, pool, self._bound_storage(), stream)
+                        except torch.OutOfMemoryError as e:  # capture must never crash a stream: the
+                            # entry's uncaptured regions run eagerly, each step counted ("not captured")
+                            failed[idx] = {"*": f"out of memory while capturing: {e}"}
+                        programs[idx] = dataclasses.replace(program, run=parent)
+                self._reset_state()
+            except BaseException as e:  # capture ran the entries on the arena: its bytes are undefined
+                self._programs = None
+                self._break(e)
+                raise
+            self._programs = programs
+            self.capture_failures = failed
+            return failed
 
     @torch.no_grad()
     def load_state(self, state: Mapping[str, torch.Tensor]) -> None:
-        """Set the stream's state (e.g. from the model's prompt setup); it must fit catalog entry 0."""
-        missing = [r for r in self.executable.carried if r not in state]
-        if missing:
-            raise CadenceError(f"setup returned no state for region {missing[0]!r}")
-        extents = self._extents_of(state)
-        entry0 = self.executable.plan.catalog[0]
-        for r, spec in entry0.regions.items():
-            axis = self.layout.slot(r).axis
-            if r in extents and axis is not None and extents[r] != spec.shape[axis]:
-                raise CadenceError(f"setup left {r} at {extents[r]} along axis {axis}; "
-                                   f"catalog entry 0 expects {spec.shape[axis]}")
-        self._write_state(state, extents)
+        """Set the stream's state (e.g. from the model's prompt setup); it must fit catalog entry 0.
+
+        Clears a broken mark (``SessionBroken``) once the whole state is written."""
+        with self._exclusive("load_state"):
+            self._check_complete(state, "setup")
+            extents = self._extents_of(state)
+            entry0 = self.executable.plan.catalog[0]
+            for r, spec in entry0.regions.items():
+                axis = self.layout.slot(r).axis
+                if r in extents and axis is not None and extents[r] != spec.shape[axis]:
+                    raise CadenceError(f"setup left {r} at {extents[r]} along axis {axis}; "
+                                       f"catalog entry 0 expects {spec.shape[axis]}")
+            self._write_state(state, extents)
+            self._broken = None
 
     @torch.no_grad()  # streaming state never records autograd history; grad mode is restored after
     def step(self, inputs: Mapping[str, torch.Tensor], **flags: Any) -> dict[str, torch.Tensor]:
-        if self.closed:
-            raise SessionClosed("this session is closed (close() was called); open a new session to stream again")
-        self._validate(inputs)
-        entry = self._entry()
-        if any(flags.values()):
-            reason = "flags " + ",".join(k for k, v in flags.items() if v) + " outside the catalog (eager)"
-        elif entry is None:
-            reason = "state extents outside the catalog"
-        else:
-            reason = self._admit(entry, inputs)
-        if reason is None:
-            program = self._program(entry.index)
-            args = [inputs[n] for n in self.executable.inputs] + self._state_args(program)
-            if program.kind == "cudagraph":
-                from .graphs import region_stats
-                before = region_stats(program.run)
-                result = tuple(t.clone() for t in program.run(*args))  # static outputs: copy before the next replay
-                after = region_stats(program.run)
-                for why, n in after[1].items():
-                    for _ in range(n - before[1].get(why, 0)):
-                        self._stats.count_fallback(f"region refused replay: {why}")
-                if after[0] > before[0]:
-                    self._stats.replays[entry.index] += 1
-                else:
-                    self._stats.graph_runs[entry.index] += 1
+        with self._exclusive("step"):
+            self._check_usable("step")
+            self._validate(inputs)
+            entry = self._entry()
+            if any(flags.values()):
+                reason = "flags " + ",".join(k for k, v in flags.items() if v) + " outside the catalog (eager)"
+            elif entry is None:
+                reason = "state extents outside the catalog"
             else:
-                result = program.run(*args)
-                self._stats.graph_runs[entry.index] += 1
-            outputs = self._commit(program, result)
-        else:
-            self._stats.count_fallback(reason)
-            outputs = self._run_fallback(inputs, flags)
-        self._stats.steps += 1
-        return outputs
+                reason = self._admit(entry, inputs)
+            if reason is None:
+                return self._step_program(entry, inputs)
+            return self._step_fallback(inputs, flags, reason)
+
+    @torch.no_grad()
+    def snapshot(self) -> SessionSnapshot:
+        """A copy of the carried state (live extents) and the clock position, for ``restore``."""
+        with self._exclusive("snapshot"):
+            self._check_usable("snapshot")
+            state = {r: t.clone() for r, t in self._live_state().items()}
+            return SessionSnapshot(self.executable.plan, self.executable.stable_state, state,
+                                   {r: self.extents.get(r) for r in self.executable.carried})
+
+    @torch.no_grad()
+    def restore(self, snapshot: SessionSnapshot) -> None:
+        """Put a snapshot's state and clock position back (in place: addresses and graphs
+        stay valid); the snapshot stays usable.  Clears a broken mark (``SessionBroken``).
+
+        ``snapshot`` must come from a session of this executable (the same plan and
+        state placement), this one or another."""
+        with self._exclusive("restore"):
+            if self.closed:
+                raise SessionClosed("this session is closed (close() was called); restore() needs an open session")
+            if not isinstance(snapshot, SessionSnapshot):
+                raise InputError(f"restore() takes what snapshot() returned, got {type(snapshot).__name__}")
+            why = snapshot.mismatch(self.executable.plan, self.executable.stable_state, self.executable.carried,
+                                    self._expect_device)
+            if why is not None:
+                raise InputError(f"this snapshot does not belong to this session's executable: {why}; restore it "
+                                 f"into a session of the same model, stream configuration and rules")
+            self._write_state(snapshot.state, snapshot.extents)
+            self._broken = None
+
+    @property
+    def broken(self) -> BaseException | None:
+        """The error a step failed with part-way (the state is undefined), else ``None``."""
+        return self._broken
 
     def state(self) -> dict[str, torch.Tensor]:
-        """Live views of the carried regions (no copies)."""
-        return {r: self.arena.view(r, self.extents.get(r)) for r in self.executable.carried}
+        """Live views of the carried regions (no copies); ``SessionBroken`` if a step broke them."""
+        self._check_usable("state", closed_ok=True)
+        return self._live_state()
 
     def stats(self) -> dict:
         return self._stats.to_json()
@@ -235,9 +234,89 @@ class Session:
         return self.arena.nbytes
 
     def close(self) -> None:
+        """Refuse every later step (``SessionClosed``); a step already running finishes."""
         self.closed = True
 
+    # ------------------------------------------------------------- one step
+    def _step_program(self, entry: CatalogEntry, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The entry's graph (or replay) on the state in place; a failure part-way breaks the session."""
+        program = self._program(entry.index)
+        args = [inputs[n] for n in self.executable.inputs] + self._state_args(program)
+        try:
+            if program.kind == "cudagraph":
+                from .graphs import region_stats
+                before = region_stats(program.run)
+                result = tuple(t.clone() for t in program.run(*args))  # static outputs: copy before the next replay
+                after = region_stats(program.run)
+            else:
+                result = program.run(*args)
+            outputs = self._commit(program, result)
+        except BaseException as e:
+            self._break(e)
+            raise
+        if program.kind == "cudagraph":  # counted once the step is done
+            for why, n in after[1].items():
+                for _ in range(n - before[1].get(why, 0)):
+                    self._stats.count_fallback(f"region refused replay: {why}")
+            counter = self._stats.replays if after[0] > before[0] else self._stats.graph_runs
+            counter[entry.index] += 1
+        else:
+            self._stats.graph_runs[entry.index] += 1
+        self._stats.steps += 1
+        return outputs
+
+    def _step_fallback(self, inputs: Mapping[str, torch.Tensor], flags: Mapping[str, Any],
+                       reason: str) -> dict[str, torch.Tensor]:
+        """``fallback`` on private copies of the live state: if it raises, or returns a
+        state that does not fit, the session's state is as it was."""
+        outputs, new_state = self.fallback(inputs, self._private_state(), **flags)
+        self._check_complete(new_state, "eager step")
+        self._write_state(new_state, self._extents_of(new_state))
+        self._stats.count_fallback(reason)
+        self._stats.steps += 1
+        return outputs
+
+    @contextlib.contextmanager
+    def _exclusive(self, what: str) -> Iterator[None]:
+        if not self._busy.acquire(blocking=False):
+            raise SessionBusy(f"{what}() was called while another call is running on this session (another "
+                              f"thread?): a session runs one step at a time and never waits; wait for the "
+                              f"running call to return, or give each concurrent stream its own session")
+        try:
+            yield
+        finally:
+            self._busy.release()
+
+    def _check_usable(self, what: str, closed_ok: bool = False) -> None:
+        if self.closed and not closed_ok:
+            raise SessionClosed("this session is closed (close() was called); open a new session to stream again")
+        if self._broken is not None:
+            e = self._broken
+            raise SessionBroken(f"{what}() refused: a step of this session failed part-way with "
+                                f"{type(e).__name__}: {e}, so its state is undefined; restore(snapshot) or "
+                                f"load_state(state) before using it again, or open a new session") from e
+
+    def _break(self, error: BaseException) -> None:
+        self._broken = error
+
+    def _check_complete(self, state: Mapping[str, torch.Tensor], what: str) -> None:
+        missing = [r for r in self.executable.carried if r not in state]
+        if missing:
+            raise CadenceError(f"{what} returned no state for region {missing[0]!r}")
+
     # ------------------------------------------- where the state lives (arena here)
+    def _live_state(self) -> dict[str, torch.Tensor]:
+        return {r: self.arena.view(r, self.extents.get(r)) for r in self.executable.carried}
+
+    def _private_state(self) -> dict[str, torch.Tensor]:
+        """Copies of the live views with their strides (the fallback sees the layouts it
+        would see on the arena, so the same kernels run)."""
+        out = {}
+        for r, view in self._live_state().items():
+            out[r] = torch.empty_strided(view.shape, view.stride(), dtype=view.dtype, device=view.device)
+            out[r].copy_(view)
+        return out
+
     def _admit(self, entry: CatalogEntry, inputs: Mapping[str, torch.Tensor]) -> str | None:
         return self.gate.check(entry, inputs, self.extents)
 
@@ -279,10 +358,14 @@ class Session:
                 continue  # already written in place (e.g. setup on arena-bound buffers)
             if t.untyped_storage().data_ptr() == full.untyped_storage().data_ptr():
                 t = t.clone()  # written from its own memory: read it out first
-            writes[r] = t
-        for r, t in writes.items():
-            self.arena.view(r, extents[r]).copy_(t)
-        self.extents.update(extents)
+            writes[r] = view, t
+        try:  # from here on only the copies: the one window in which a failure leaves part written
+            for view, t in writes.values():
+                view.copy_(t)
+            self.extents.update(extents)
+        except BaseException as e:  # interrupted part-way (e.g. KeyboardInterrupt): some regions written
+            self._break(e)
+            raise
 
     # ----------------------------------------------------------------- private
     def _program(self, index: int) -> EntryProgram:
@@ -318,30 +401,10 @@ class Session:
                 raise InputError(f"input {name!r} has {t.dim()} dims {tuple(t.shape)}; "
                                  f"the model takes {len(specs[name].shape)} ({tuple(specs[name].shape)})")
 
-    def _run_fallback(self, inputs, flags) -> dict[str, torch.Tensor]:
-        outputs, new_state = self.fallback(inputs, self.state(), **flags)
-        self._write_state(new_state, self._extents_of(new_state))
-        return outputs
-
     def _extents_of(self, state: Mapping[str, torch.Tensor]) -> dict[str, int | None]:
         """Each carried region's extent along its growth axis (None for fixed-shape regions)."""
         axes = {r: self.layout.slot(r).axis for r in self.executable.carried}
         return {r: None if axis is None else state[r].shape[axis] for r, axis in axes.items()}
-
-
-class StockStateGate:
-    """The gate for ``StockStateSession``: inputs and state exactly as the entry was traced."""
-
-    def check(self, entry: CatalogEntry, inputs: Mapping[str, torch.Tensor], state: Mapping[str, torch.Tensor],
-              specs: Mapping[str, TensorSpec]) -> str | None:
-        why = input_mismatch(entry, inputs)
-        if why is not None:
-            return why
-        for name, spec in specs.items():
-            why = tensor_mismatch(f"state {name!r}", state[name], spec)
-            if why is not None:
-                return why
-        return None
 
 
 class StockStateSession(Session):
@@ -352,7 +415,8 @@ class StockStateSession(Session):
     Each step passes the state in (a replay copies it into the graph's static
     inputs), takes the next state out of the graph's outputs and keeps a private
     contiguous copy: the copy-in/copy-out traffic and the stock buffers are what
-    rule S removes.  The model's buffers are scratch shared by every session of it:
+    rule S removes.  A failed graph step marks the session broken here too (a graph
+    may write its state inputs in place).  The model's buffers are scratch shared by every session of it:
     its sessions must not run concurrently.
     """
 
@@ -362,8 +426,14 @@ class StockStateSession(Session):
         self._state: dict[str, torch.Tensor] = {}
 
     def state(self) -> dict[str, torch.Tensor]:
-        """The carried state (this session's own tensors)."""
+        """The carried state (this session's own tensors); ``SessionBroken`` if a step broke it."""
+        return super().state()
+
+    def _live_state(self) -> dict[str, torch.Tensor]:
         return dict(self._state)
+
+    def _private_state(self) -> dict[str, torch.Tensor]:
+        return {r: t.clone() for r, t in self._state.items()}
 
     @property
     def state_bytes(self) -> int:
@@ -394,5 +464,10 @@ class StockStateSession(Session):
 
     def _write_state(self, state: Mapping[str, torch.Tensor], extents: Mapping[str, int | None]) -> None:
         # the next state may be a view of the model's scratch buffers: keep a private copy
-        self._state = {r: state[r].clone(memory_format=torch.contiguous_format) for r in self.executable.carried}
-        self.extents.update(extents)
+        new = {r: state[r].clone(memory_format=torch.contiguous_format) for r in self.executable.carried}
+        try:
+            self._state = new
+            self.extents.update(extents)
+        except BaseException as e:  # interrupted between the two
+            self._break(e)
+            raise

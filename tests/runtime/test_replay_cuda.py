@@ -1,7 +1,7 @@
 """Rules SRc and SR on a GPU: the toy model replayed from CUDA graphs, bit for bit
 against stock eager (skipped cleanly without CUDA).
 
-The oracle is the stock step, as in ``tests/test_runtime.py``: before each stock and
+The oracle is the stock step, as in ``tests/runtime/test_runtime.py``: before each stock and
 each optimized step the CPU and CUDA generators are set to the same state, and every
 output and every carried state tensor must be ``torch.equal``.  The toy's step draws
 ``torch.rand`` on the device, so this also checks that a replayed draw is eager's draw

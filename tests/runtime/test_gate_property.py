@@ -16,7 +16,7 @@ from cadence_fx.plan.catalog import CatalogEntry
 from cadence_fx.plan.layout import ArenaLayout, RegionSlot
 from cadence_fx.runtime.arena import Arena
 from cadence_fx.runtime.graphs import ArgSpec, CapturedRegion
-from cadence_fx.runtime.session import AdmissionGate
+from cadence_fx.runtime.gate import AdmissionGate
 
 DTYPES = [torch.float32, torch.float16, torch.int32, torch.int64]
 
