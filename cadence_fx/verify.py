@@ -2,7 +2,9 @@
 
 Both paths run in one process from the same seeds, in lockstep: before each chunk
 the CPU and CUDA generators are set to the same state for both, so random draws
-(HiFT's ``rand``/``randn``) match.  Each chunk compares the float waveform
+(HiFT's ``rand``/``randn``) match; with a ``seed`` that state is
+``torch.manual_seed(chunk_seed(seed, i))`` for chunk ``i``, so the PCM is the same
+in every run whatever ran before in the process.  Each chunk compares the float waveform
 (``torch.equal``), the SHA-256 of its PCM bytes, and every carried state tensor
 (``torch.equal`` of the optimized arena view against the stock tensor's live extent).
 On CUDA the deterministic protocol is on: ``torch.use_deterministic_algorithms(True)``
@@ -42,6 +44,12 @@ class ChunkReport:
     opt_ms: float
 
 
+def chunk_seed(seed: int, chunk: int) -> int:
+    """The generator seed before chunk ``chunk`` (0-based) of a stream seeded ``seed``
+    (the bench seeds its workers' chunks the same way)."""
+    return seed * 1000 + chunk
+
+
 def _rng_state(device: torch.device):
     cpu = torch.random.get_rng_state()
     cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
@@ -65,16 +73,21 @@ def live_extent(stock: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def compare_streams(stock, optimized, chunks: list[tuple[list[int], bool]], device: torch.device,
-                    progress: Callable[[str], None] | None = None, keep_pcm: bool = False) -> dict[str, Any]:
+                    progress: Callable[[str], None] | None = None, keep_pcm: bool = False,
+                    seed: int | None = None) -> dict[str, Any]:
     """Stream ``chunks`` through both (already set up) and compare everything.
 
     With ``keep_pcm`` the report also holds ``"pcm": {"stock": bytes, "optimized": bytes}``.
+    With ``seed`` the generators are seeded before every chunk (``chunk_seed``); without
+    it both paths draw from wherever the process's generators stand.
     """
     from .pcm import pcm_bytes  # upstream's PCM conversion, shared by both paths
     rows: list[ChunkReport] = []
     pcm_all: dict[str, list[bytes]] = {"stock": [], "optimized": []}
     pcm_stock, pcm_opt = hashlib.sha256(), hashlib.sha256()
     for i, (tokens, last) in enumerate(chunks):
+        if seed is not None:
+            torch.manual_seed(chunk_seed(seed, i))  # the CUDA generators too
         rng = _rng_state(device)
         _sync(device)
         t0 = time.perf_counter()
@@ -106,8 +119,8 @@ def compare_streams(stock, optimized, chunks: list[tuple[list[int], bool]], devi
                                 mismatched, hashlib.sha256(po).hexdigest(), (t1 - t0) * 1e3, (t3 - t2) * 1e3))
         if progress:
             r = rows[-1]
-            progress(f"chunk {i + 1}/{len(chunks)}: {route}, wave {'=' if r.wave_equal else '!='}, "
-                     f"state {'=' if r.state_equal else '!= ' + ','.join(mismatched)}")
+            progress(f"chunk {i + 1}/{len(chunks)}: {route}, wave {'equal' if r.wave_equal else 'DIFFERS'}, "
+                     f"state {'equal' if r.state_equal else 'DIFFERS: ' + ', '.join(mismatched)}")
     exact = all(r.wave_equal and r.pcm_equal and r.state_equal for r in rows)
     extra = {"pcm": {k: b"".join(v) for k, v in pcm_all.items()}} if keep_pcm else {}
     return {

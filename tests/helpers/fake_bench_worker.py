@@ -1,4 +1,4 @@
-"""A stand-in bench worker speaking ``cadence_fx.bench``'s protocol, with scripted failures.
+"""A stand-in bench worker speaking ``cadence_fx.tools.bench.worker``'s protocol, with scripted failures.
 
 ``python fake_bench_worker.py VARIANT BEHAVIOUR TRACE_FILE``.  Behaviours: ``ok``,
 ``inexact`` (its PCM hash differs from B0's), ``noisy`` (prints non-protocol lines),

@@ -9,9 +9,9 @@ import types
 import pytest
 
 from cadence_fx import CadenceError
-from cadence_fx import bench
+from cadence_fx.tools.bench import BenchError, cmd, controls, fleet, models, report, stats, worker
 
-FAKE_WORKER = pathlib.Path(__file__).parent / "helpers" / "fake_bench_worker.py"
+FAKE_WORKER = pathlib.Path(__file__).parents[1] / "helpers" / "fake_bench_worker.py"
 
 
 def _rec(block, ms, pcm="p0", wave="w0", peak=None, kernel=None, launches=None, state=None):
@@ -25,12 +25,12 @@ META = {"gpu": None, "torch": "x", "date": "d", "command": "c", "n_timesteps": 5
 def test_paired_speedups_median_of_block_ratios():
     b0 = [[10, 10, 10], [20, 22, 18], [30, 30, 31]]
     v = [[5, 5, 6], [10, 10, 10], [10, 10, 10]]
-    sp = bench.paired_speedups(b0, v)
+    sp = stats.paired_speedups(b0, v)
     assert sp["ratios"] == pytest.approx([2.0, 2.0, 3.0])
     assert sp["median"] == pytest.approx(2.0)
     # pairing is by block, not a ratio of pooled medians
-    assert bench.paired_speedups([[10], [100]], [[10], [50]])["median"] == pytest.approx(1.5)
-    assert bench.paired_speedups([[10]], [])["median"] is None
+    assert stats.paired_speedups([[10], [100]], [[10], [50]])["median"] == pytest.approx(1.5)
+    assert stats.paired_speedups([[10]], [])["median"] is None
 
 
 def test_summary_schema_and_exactness():
@@ -39,7 +39,7 @@ def test_summary_schema_and_exactness():
         "S": [_rec(1, [5, 6]), _rec(0, [5, 5])],
         "SRc": [_rec(0, [2, 2], pcm="other"), _rec(1, [2, 2])],
     }
-    rep = bench.summarize(results, META)
+    rep = report.summarize(results, META)
     for k in ("gpu", "torch", "date", "command", "n_timesteps", "dtype", "variants"):
         assert k in rep
     for name, v in rep["variants"].items():
@@ -58,23 +58,23 @@ def test_summary_schema_and_exactness():
 def test_b0_reproducible_compares_the_replica_block_by_block():
     b0 = [_rec(0, [10], pcm="a", state="s0"), _rec(1, [10], pcm="b", state="s1")]
     same = [_rec(1, [11], pcm="b", state="s1"), _rec(0, [9], pcm="a", state="s0")]
-    rep = bench.summarize({"B0": b0}, META, b0_replica=same)
+    rep = report.summarize({"B0": b0}, META, b0_replica=same)
     assert rep["b0_reproducible"] is True and rep["b0_replica_p50_ms"] == [9, 11]
     other_state = [_rec(0, [9], pcm="a", state="zz")]
-    assert bench.summarize({"B0": b0}, META, b0_replica=other_state)["b0_reproducible"] is False
+    assert report.summarize({"B0": b0}, META, b0_replica=other_state)["b0_reproducible"] is False
 
 
 def test_state_hash_mismatch_is_inexact_and_named():
     results = {"B0": [_rec(0, [10], state="s")], "S": [_rec(0, [5], state="t")]}
-    v = bench.summarize(results, META)["variants"]["S"]
+    v = report.summarize(results, META)["variants"]["S"]
     assert v["exact"] is False and v["mismatched"] == ["state"]
-    assert "NO (state)" in bench.markdown_table(bench.summarize(results, META))
+    assert "NO (state)" in report.markdown_table(report.summarize(results, META))
 
 
 def test_summary_cuda_fields_and_wave_mismatch():
     results = {"B0": [_rec(0, [10], peak=2 * 2**20, kernel=8.0, launches=900)],
                "SR": [_rec(0, [4], wave="w1", peak=3 * 2**20, kernel=3.0, launches=40)]}
-    v = bench.summarize(results, META)["variants"]
+    v = report.summarize(results, META)["variants"]
     assert v["SR"]["exact"] is False  # same PCM, different float waveform
     assert v["SR"]["peak_mib"] == pytest.approx(3.0)
     assert v["SR"]["kernel_ms"] == 3.0 and v["SR"]["launches"] == 40
@@ -83,32 +83,32 @@ def test_summary_cuda_fields_and_wave_mismatch():
 
 
 def test_duplex_view_shares_of_the_one_second_budget():
-    d = bench.duplex_view({"B0": [400.0, 1200.0, 800.0], "SRc": [100.0, 150.0, 120.0], "S": []})
+    d = report.duplex_view({"B0": [400.0, 1200.0, 800.0], "SRc": [100.0, 150.0, 120.0], "S": []})
     assert d["budget_ms"] == 1000.0 and d["stock"] == "B0" and d["optimized"] == "SRc"
     assert d["variants"]["B0"]["share_per_chunk"] == pytest.approx([0.4, 1.2, 0.8])
     assert d["variants"]["B0"]["share_p50"] == pytest.approx(0.8)
     assert d["variants"]["B0"]["share_max"] == pytest.approx(1.2)
     assert d["variants"]["B0"]["misses"] == 1 and d["variants"]["SRc"]["misses"] == 0
     assert d["variants"]["S"]["share_p50"] is None and d["variants"]["S"]["chunks"] == 0
-    assert bench.duplex_view({"S": [1.0]})["stock"] is None
+    assert report.duplex_view({"S": [1.0]})["stock"] is None
 
 
 def test_report_markdown_has_the_duplex_comparison_and_notes():
     results = {"B0": [_rec(0, [500, 1100])], "SRc": [_rec(0, [200, 210])]}
-    rep = bench.summarize(results, {**META, "failures": {"SR": "timed out"}})
+    rep = report.summarize(results, {**META, "failures": {"SR": "timed out"}})
     assert rep["duplex"]["variants"]["B0"]["misses"] == 1
-    md = bench.report_markdown(rep)
+    md = report.report_markdown(rep)
     assert "### Duplex view" in md and "| SRc | 20.5% |" in md
     assert "B0 uses 80.0% of each second at p50" in md and "SRc uses 20.5%" in md
     assert "FAILED SR: timed out" in md
     # without SRc the section still shows B0 alone
-    assert "B0 uses" in bench.duplex_markdown(bench.summarize({"B0": results["B0"]}, META))
+    assert "B0 uses" in report.duplex_markdown(report.summarize({"B0": results["B0"]}, META))
 
 
 def test_vendor_note_says_whether_its_graphs_ran():
     rec = {**_rec(0, [10]), "vendor_graph_calls": 0, "vendor_eager_calls": 40,
            "vendor_call_frames": {"50": 40}, "vendor_buckets": {"30": 500, "48": 500, "96": 1000}}
-    rep = bench.summarize({"B0": [_rec(0, [10])], "vendor": [rec]}, META)
+    rep = report.summarize({"B0": [_rec(0, [10])], "vendor": [rec]}, META)
     assert rep["variants"]["vendor"]["vendor_eager_calls"] == 40
     (note,) = rep["notes"]
     assert "0 of 40" in note and "30/48/96" in note and "50 frames" in note and "never used" in note
@@ -117,7 +117,7 @@ def test_vendor_note_says_whether_its_graphs_ran():
 
 def test_markdown_table_lists_every_variant():
     results = {"B0": [_rec(0, [10])], "S": [_rec(0, [5])], "compile-ro": [_rec(0, [7], pcm="x")]}
-    table = bench.markdown_table(bench.summarize(results, META))
+    table = report.markdown_table(report.summarize(results, META))
     lines = table.splitlines()
     assert lines[0].startswith("| variant |")
     for name in results:
@@ -126,7 +126,7 @@ def test_markdown_table_lists_every_variant():
 
 
 def test_rotating_block_order():
-    order = bench.rotating_order(["B0", "S", "SRc"], 4)
+    order = cmd.rotating_order(["B0", "S", "SRc"], 4)
     assert order == [(0, "B0"), (0, "S"), (0, "SRc"),
                      (1, "S"), (1, "SRc"), (1, "B0"),
                      (2, "SRc"), (2, "B0"), (2, "S"),
@@ -139,25 +139,28 @@ def test_rotating_block_order():
                                      "R", "SR", "Rc", "SRc"])
 def test_cuda_only_variant_on_cpu_is_a_clear_error(variant):
     with pytest.raises(CadenceError, match=rf"variant '{variant}' needs CUDA"):
-        bench.check_variants(["B0", variant], "cpu")
-    with pytest.raises(bench.BenchError, match="needs CUDA"):
-        bench.run_bench(["B0", variant], device="cpu", python="/nonexistent-python")
-    assert bench.check_variants(["B0", variant], "cuda") == ["B0", variant]
+        cmd.check_variants(["B0", variant], "cpu")
+    with pytest.raises(BenchError, match="needs CUDA"):
+        cmd.run_bench(["B0", variant], device="cpu", python="/nonexistent-python")
+    assert cmd.check_variants(["B0", variant], "cuda") == ["B0", variant]
 
 
 def test_unknown_and_duplicate_variants():
-    with pytest.raises(bench.BenchError, match="unknown variant 'X'"):
-        bench.check_variants(["B0", "X"], "cpu")
-    with pytest.raises(bench.BenchError, match="duplicate"):
-        bench.check_variants(["S", "S"], "cpu")
+    with pytest.raises(BenchError, match="unknown variant 'X'"):
+        cmd.check_variants(["B0", "X"], "cpu")
+    with pytest.raises(BenchError, match="duplicate"):
+        cmd.check_variants(["S", "S"], "cpu")
 
 
 def test_worker_command_line():
-    cmd = bench._worker_cmd("py", "S", {"device": "cpu", "chunks": 3, "blocks": 2, "checkpoint": None,
+    line = fleet.worker_cmd("py", "S", {"device": "cpu", "chunks": 3, "blocks": 2, "checkpoint": None,
                                         "no_profile": True})
-    assert cmd[:4] == ["py", "-m", "cadence_fx.bench", "--worker"]
-    assert cmd[cmd.index("--variant") + 1] == "S" and cmd[cmd.index("--blocks") + 1] == "2"
-    assert "--no-profile" in cmd and "--checkpoint" not in cmd
+    assert line[:3] == ["py", "-m", "cadence_fx.tools.bench.worker"]
+    assert line[line.index("--variant") + 1] == "S" and line[line.index("--blocks") + 1] == "2"
+    assert "--no-profile" in line and "--checkpoint" not in line
+    # the module the fleet names is the worker: its command line parses these options
+    import importlib
+    assert importlib.import_module(fleet.WORKER_MODULE) is worker
 
 
 def statistics_median(xs):
@@ -173,7 +176,7 @@ def _fake_run(tmp_path, variants, behaviours=None, **kw):
     behaviours = behaviours or {}
     said = []
     kw = {"device": "cuda", "chunks": 3, "blocks": 3, "setup_timeout": 20, "block_timeout": 20, **kw}
-    rep = bench.run_bench(variants, out=str(tmp_path / "out"), progress=said.append,
+    rep = cmd.run_bench(variants, out=str(tmp_path / "out"), progress=said.append,
                           worker_command=lambda v: [sys.executable, str(FAKE_WORKER), v,
                                                     behaviours.get(v, "ok"), str(trace)], **kw)
     return rep, [json.loads(line) for line in trace.read_text().splitlines()], said
@@ -191,7 +194,7 @@ def _alive(pid):
 def test_driver_runs_rotating_blocks_one_worker_at_a_time(tmp_path):
     rep, trace, said = _fake_run(tmp_path, ["B0", "S", "compile"], {"S": "noisy", "compile": "inexact"})
     spans = [t for t in trace if "block" in t]
-    expected = [(b, v) for b in range(3) for v in [*[v for bb, v in bench.rotating_order(["B0", "S", "compile"], 3)
+    expected = [(b, v) for b in range(3) for v in [*[v for bb, v in cmd.rotating_order(["B0", "S", "compile"], 3)
                                                      if bb == b], "B0"]]
     assert [(t["block"], t["name"]) for t in spans] == expected  # the replica (B0) closes every block
     for a, b in zip(spans, spans[1:]):  # never two workers timing at once
@@ -243,7 +246,7 @@ def test_interrupt_kills_every_worker(tmp_path):
         if msg.startswith("block 1/"):
             raise KeyboardInterrupt
     with pytest.raises(KeyboardInterrupt):
-        bench.run_bench(["B0", "S"], device="cpu", chunks=1, blocks=3, progress=interrupt,
+        cmd.run_bench(["B0", "S"], device="cpu", chunks=1, blocks=3, progress=interrupt,
                         worker_command=lambda v: [sys.executable, str(FAKE_WORKER), v, "ok", str(trace)])
     pids = [json.loads(line)["pid"] for line in trace.read_text().splitlines() if '"pid"' in line]
     assert len(pids) == 3 and all(not _alive(p) for p in pids)
@@ -263,7 +266,7 @@ class _FakeBenchWorker:
         if b == 7:
             raise RuntimeError("device lost")
         if b == 9:
-            raise bench.BenchError("block 9 asked; next is block 0")
+            raise BenchError("block 9 asked; next is block 0")
         return {"event": "block", "block": b}
 
     def finish(self):
@@ -271,9 +274,9 @@ class _FakeBenchWorker:
 
 
 def _serve(monkeypatch, variant, lines):
-    monkeypatch.setattr(bench, "BenchWorker", _FakeBenchWorker)
+    monkeypatch.setattr(worker, "BenchWorker", _FakeBenchWorker)
     sent, feed = [], iter(lines)
-    rc = bench.serve(types.SimpleNamespace(variant=variant), sent.append, lambda: next(feed, ""))
+    rc = worker.serve(types.SimpleNamespace(variant=variant), sent.append, lambda: next(feed, ""))
     return rc, sent
 
 
@@ -316,7 +319,7 @@ class _FakeDiT:
 def test_count_vendor_calls_counts_replays_and_eager_calls():
     est = _FakeDiT()
     inner = est.graph_chunk[30]
-    counts = bench.count_vendor_calls(est)
+    counts = controls.count_vendor_calls(est)
     x50, x30 = types.SimpleNamespace(shape=(2, 320, 50)), types.SimpleNamespace(shape=(2, 320, 30))
     assert est.forward_chunk(x=x50) == "eager" and est.forward_chunk(x50) == "eager"
     assert est.forward_chunk(x=x30, att_cache=1) == "graph"
@@ -329,8 +332,8 @@ def test_state_hash_covers_only_the_live_flow_steps():
     live = torch.arange(2 * 3, dtype=torch.float32).reshape(2, 3)
     stock = {"estimator_att_cache": torch.cat([live, torch.ones(14, 3)]), "hift_mel": torch.zeros(1, 2)}
     arena = {"hift_mel": torch.zeros(1, 2), "estimator_att_cache": live.clone()}
-    assert bench.state_sha256(stock, 2) == bench.state_sha256(arena, 2)
+    assert models.state_sha256(stock, 2) == models.state_sha256(arena, 2)
     arena["hift_mel"] = torch.zeros(1, 2, dtype=torch.float16)
-    assert bench.state_sha256(stock, 2) != bench.state_sha256(arena, 2)
+    assert models.state_sha256(stock, 2) != models.state_sha256(arena, 2)
     arena = {"hift_mel": torch.zeros(1, 2), "estimator_att_cache": live + 1}
-    assert bench.state_sha256(stock, 2) != bench.state_sha256(arena, 2)
+    assert models.state_sha256(stock, 2) != models.state_sha256(arena, 2)

@@ -14,7 +14,8 @@ import os
 
 import pytest
 
-from cadence_fx import bench
+from cadence_fx.tools import registry
+from cadence_fx.tools.bench import BenchError, cmd, fleet, models, report
 
 from helpers.marks import cuda
 
@@ -37,15 +38,15 @@ def _rec(block, ms, pcm="p", state="s", **kw):
 @pytest.mark.parametrize("variant, what", [("vendor", "CUDAGraphed"), ("vendor-nocompile", "no_compile"),
                                            ("SR", "CUDA-graph replay"), ("SRc", "CUDA-graph replay")])
 def test_cuda_only_mimi_variants_are_refused_on_cpu(variant, what):
-    with pytest.raises(bench.BenchError, match=rf"variant '{variant}' needs CUDA \(.*{what}"):
-        bench.check_variants(["B0", variant], "cpu", "mimi")
-    with pytest.raises(bench.BenchError, match="needs CUDA"):  # before any worker starts
-        bench.run_bench(["B0", variant], model="mimi", device="cpu", python="/nonexistent-python")
-    assert bench.check_variants(["B0", "S", variant], "cuda", "mimi") == ["B0", "S", variant]
+    with pytest.raises(BenchError, match=rf"variant '{variant}' needs CUDA \(.*{what}"):
+        cmd.check_variants(["B0", variant], "cpu", "mimi")
+    with pytest.raises(BenchError, match="needs CUDA"):  # before any worker starts
+        cmd.run_bench(["B0", variant], model="mimi", device="cpu", python="/nonexistent-python")
+    assert cmd.check_variants(["B0", "S", variant], "cuda", "mimi") == ["B0", "S", variant]
 
 
 def test_cli_refuses_vendor_on_the_cpu_before_starting_anything(capsys):
-    from cadence_fx import cli
+    from cadence_fx.tools import cli
     assert cli.main(["bench", "--model", "mimi", "--variants", "B0,vendor"]) == 2  # --chunks: the model's default
     err = capsys.readouterr().err
     assert "variant 'vendor' needs CUDA" in err and "off CUDA moshi disables its CUDAGraphed wrappers" in err
@@ -53,21 +54,21 @@ def test_cli_refuses_vendor_on_the_cpu_before_starting_anything(capsys):
 
 def test_mimi_refuses_what_it_has_not():
     for r in ("R", "Rc"):
-        with pytest.raises(bench.BenchError, match=rf"'{r}' is not built for --model mimi: .*streaming dataclasses"):
-            bench.check_variants([r], "cuda", "mimi")
-    with pytest.raises(bench.BenchError, match="unknown variant 'compile-ro' for --model mimi"):
-        bench.check_variants(["compile-ro"], "cuda", "mimi")
-    with pytest.raises(bench.BenchError, match="float32"):
-        bench.run_bench(["B0"], model="mimi", dtype="float16", python="/nonexistent-python")
-    with pytest.raises(bench.BenchError, match="unknown model 'x'"):
-        bench.check_variants(["B0"], "cpu", "x")
+        with pytest.raises(BenchError, match=rf"'{r}' is not built for --model mimi: .*streaming dataclasses"):
+            cmd.check_variants([r], "cuda", "mimi")
+    with pytest.raises(BenchError, match="unknown variant 'compile-ro' for --model mimi"):
+        cmd.check_variants(["compile-ro"], "cuda", "mimi")
+    with pytest.raises(BenchError, match="float32"):
+        cmd.run_bench(["B0"], model="mimi", dtype="float16", python="/nonexistent-python")
+    with pytest.raises(BenchError, match="unknown model 'x'"):
+        cmd.check_variants(["B0"], "cpu", "x")
     # token2wav's variants are unchanged
-    assert bench.check_variants(["R", "vendor"], "cuda") == ["R", "vendor"]
+    assert cmd.check_variants(["R", "vendor"], "cuda") == ["R", "vendor"]
 
 
 def test_worker_command_carries_the_model():
-    cmd = bench._worker_cmd("py", "vendor", {"model": "mimi", "device": "cuda", "chunks": 150})
-    assert cmd[cmd.index("--model") + 1] == "mimi" and cmd[cmd.index("--chunks") + 1] == "150"
+    line = fleet.worker_cmd("py", "vendor", {"model": "mimi", "device": "cuda", "chunks": 150})
+    assert line[line.index("--model") + 1] == "mimi" and line[line.index("--chunks") + 1] == "150"
 
 
 # ---------------------------------------------------------------------------- report
@@ -81,7 +82,7 @@ def _report():
     results = {"B0": b0,
                "vendor": [_rec(0, [5, 5, 5], **vendor), _rec(1, [6, 6, 6], **vendor)],
                "SRc": [_rec(1, [3.3, 3.3, 3.3], **srcc), _rec(0, [3.4, 3.4, 3.4], **srcc)]}
-    return bench.summarize(results, dict(MIMI))
+    return report.summarize(results, dict(MIMI))
 
 
 def test_mimi_report_budget_is_the_80_ms_frame():
@@ -89,11 +90,11 @@ def test_mimi_report_budget_is_the_80_ms_frame():
     d = rep["duplex"]
     assert d["budget_ms"] == 80.0 and d["stock"] == "B0" and d["optimized"] == "SRc"
     assert d["variants"]["B0"]["share_p50"] == pytest.approx(0.5)
-    md = bench.report_markdown(rep)
+    md = report.report_markdown(rep)
     assert md.startswith("**Mimi bench**") and "2 blocks x 3 frames" in md
     assert "time per frame as a share of its 80 ms cadence budget" in md and "late frames" in md
     assert "B0 uses 50.0% of each 80 ms frame at p50" in md
-    table = bench.markdown_table(rep)
+    table = report.markdown_table(rep)
     assert "vocoder" not in table and "| kernel ms | p50 / kernel | launches |" in table
     assert rep["variants"]["vendor"]["exact"] is True and rep["variants"]["SRc"]["speedup"] > 10
 
@@ -121,7 +122,7 @@ def test_mimi_notes_say_what_moshi_leaves_eager_and_the_targets():
 def test_vendor_whose_graphs_never_replayed_says_so():
     rec = _rec(0, [40], vendor_graphed_calls=6, vendor_replays=0, vendor_graphed=["decoder_transformer", "decoder"],
                vendor_eager=["quantizer.decode", "upsample"], vendor_compile=False)
-    rep = bench.summarize({"B0": [_rec(0, [40])], "vendor-nocompile": [rec]}, dict(MIMI))
+    rep = report.summarize({"B0": [_rec(0, [40])], "vendor-nocompile": [rec]}, dict(MIMI))
     (note,) = rep["notes"]
     assert note.startswith("vendor-nocompile:") and "never replayed" in note and "eager (no_compile)" in note
     assert "targets" not in rep  # no SRc
@@ -129,17 +130,17 @@ def test_vendor_whose_graphs_never_replayed_says_so():
 
 def test_the_whole_stream_hash_counts_where_both_have_it():
     b0 = [_rec(0, [1], stream_pcm_sha256="a")]
-    assert bench.summarize({"B0": b0, "S": [_rec(0, [1], stream_pcm_sha256="b")]}, MIMI)["variants"]["S"][
+    assert report.summarize({"B0": b0, "S": [_rec(0, [1], stream_pcm_sha256="b")]}, MIMI)["variants"]["S"][
         "mismatched"] == ["stream"]
-    assert bench.summarize({"B0": b0, "S": [_rec(0, [1])]}, MIMI)["variants"]["S"]["exact"] is True
-    assert bench.summarize({"B0": b0}, MIMI, b0_replica=[_rec(0, [1])])["b0_reproducible"] is True
+    assert report.summarize({"B0": b0, "S": [_rec(0, [1])]}, MIMI)["variants"]["S"]["exact"] is True
+    assert report.summarize({"B0": b0}, MIMI, b0_replica=[_rec(0, [1])])["b0_reproducible"] is True
 
 
 def test_token2wav_report_is_unchanged_by_the_model_split():
-    rep = bench.summarize({"B0": [_rec(0, [500])]}, {"n_timesteps": 5, "dtype": "float32"})
+    rep = report.summarize({"B0": [_rec(0, [500])]}, {"n_timesteps": 5, "dtype": "float32"})
     assert rep["duplex"]["budget_ms"] == 1000.0 and "targets" not in rep
-    assert "vocoder ms" in bench.markdown_table(rep)
-    md = bench.report_markdown(rep)
+    assert "vocoder ms" in report.markdown_table(rep)
+    md = report.report_markdown(rep)
     assert md.startswith("**Token2Wav bench**") and "share of its 1 s cadence budget" in md
     assert "late chunks (share > 1)" in md
 
@@ -151,7 +152,8 @@ def test_mimi_bench_model_builds_and_counts_the_vendor_path():
     weights in moshi's own streaming state (graphs off on the CPU: B0's bits), counted."""
     import types
     from cadence_fx.integrations import moshi as mm
-    bm = bench.MimiBench(types.SimpleNamespace(model="mimi", device="cpu", dtype="float32", seed=0, checkpoint=None))
+    bm = models.MimiBench(types.SimpleNamespace(model="mimi", device="cpu", dtype="float32", seed=0, checkpoint=None),
+                          registry.get("mimi"))
     stock = bm.build()
     assert bm.apply(stock, "B0", print) is stock and bm.counters(stock) == {}
     (codes, last), = bm.chunks(1)
@@ -174,7 +176,7 @@ def test_mimi_bench_model_builds_and_counts_the_vendor_path():
 def test_mimi_bench_on_cpu_is_exact(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # three workers share the CI machine's cores
     said = []
-    rep = bench.run_bench(["B0", "S"], model="mimi", device="cpu", chunks=1, blocks=1, warmup=1,
+    rep = cmd.run_bench(["B0", "S"], model="mimi", device="cpu", chunks=1, blocks=1, warmup=1,
                           out=str(tmp_path), progress=said.append, setup_timeout=240, block_timeout=120)
     assert rep["failures"] == {} and rep["complete"] is True
     assert rep["model"] == "mimi" and rep["budget_ms"] == 80.0 and rep["unit"] == "frame"
@@ -196,9 +198,9 @@ def test_mimi_bench_on_cpu_is_exact(tmp_path, monkeypatch):
 @cuda
 def test_mimi_bench_on_cuda_every_variant_past_the_ring_wrap(tmp_path):
     variants = ["B0", "S", "SR", "SRc", "vendor", "vendor-nocompile"]
-    rep = bench.run_bench(variants, model="mimi", device="cuda", chunks=70, blocks=2, warmup=3,
+    rep = cmd.run_bench(variants, model="mimi", device="cuda", chunks=70, blocks=2, warmup=3,
                           out=str(tmp_path), setup_timeout=600, block_timeout=120)
-    print(bench.report_markdown(rep))
+    print(report.report_markdown(rep))
     assert rep["failures"] == {} and rep["deterministic_protocol"] is True
     v = rep["variants"]
     assert rep["b0_reproducible"] is True

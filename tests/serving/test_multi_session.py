@@ -1,5 +1,5 @@
-"""Serving (issue 6): many sessions on one set of weights, bad input, faults, serve-sim,
-soak and placement -- rule S on the CPU, the real Token2Wav tail.
+"""Many sessions on one set of weights, bad input and faults: the library's serving
+behaviour under rule S on the CPU, on the real Token2Wav tail.
 
 The oracle is the stock streaming path run alone: each session's stream is first run
 by itself on the stock tail (from ``torch.manual_seed(seed_of(session, chunk))``
@@ -8,26 +8,24 @@ for bit: ``torch.equal`` on every float waveform, SHA-256 of the bytes of every
 carried state tensor after every chunk (stricter than ``torch.equal``), and
 ``torch.equal`` on every final state tensor.
 
-Cost: one ``OptimizedToken2Wav`` for the module (2 flow steps, prompt lengths 5 and 7:
-two traces), small prompts, few chunks.  ``OPTIMIZED`` catalog per prompt: att-cache
-extents 2P, 2P + 50, 2P + 100 frames.
+Cost: the shared ``t2w`` model (tests/conftest.py: 2 flow steps; prompt lengths 5 and
+7 here: two traces), small prompts, few chunks.  ``OPTIMIZED`` catalog per prompt:
+att-cache extents 2P, 2P + 50, 2P + 100 frames.
 """
 
 from __future__ import annotations
 
-import copy
 import hashlib
-import json
 import types
 
 import pytest
 import torch
 
 import cadence_fx
-from cadence_fx import cli, serve
 from cadence_fx.integrations import stepaudio2 as s2
 
 from helpers.marks import cuda
+
 
 STEPS = 2  # flow-matching steps of the shared ``t2w`` fixture (tests/conftest.py): the mechanisms under test do not depend on it; fewer = cheaper on CPU
 STEP_SLOTTED = ("estimator_cnn_cache", "estimator_att_cache")  # stock holds 16 step slots, live: STEPS
@@ -352,118 +350,3 @@ def test_out_of_memory_while_capturing_on_cuda_replays_the_other_entries(monkeyp
     stats = session.stats()
     assert stats["replays"].get("0") == 1 and stats["replays"].get("2", 0) >= 1 and "1" not in stats["replays"]
     assert stats["fallbacks"] and all(r.endswith("not captured") for r in stats["fallbacks"])
-
-
-# -------------------------------------------------------------------- serve-sim
-def test_speaking_schedule_and_helpers():
-    assert serve.speaking_schedule("speak-heavy", 3, 2, 0) == [[0, 1, 2], [0, 1, 2]]
-    mixed = serve.speaking_schedule("mixed", 8, 20, 1)
-    assert mixed == serve.speaking_schedule("mixed", 8, 20, 1)  # seeded
-    assert 0 < sum(map(len, mixed)) < 8 * 20
-    with pytest.raises(cadence_fx.InputError, match="unknown mix 'loud'"):
-        serve.speaking_schedule("loud", 1, 1, 0)
-    assert serve.largest_holding([{"sessions": 1, "holds_cadence": True}, {"sessions": 2, "holds_cadence": True},
-                                  {"sessions": 3, "holds_cadence": False}]) == 2
-    assert serve.largest_holding([{"sessions": 1, "holds_cadence": False}]) == 0
-    feed = serve.TokenFeed(0, 1)
-    c0, c1 = feed.chunk(0), feed.chunk(1)
-    assert len(c0) == len(c1) == 28 and c0[25:] == c1[:3]  # the lookahead is the next chunk's start
-    assert feed.take() == (0, c0) and feed.take() == (1, c1)
-
-
-def test_serve_sim_cli_arguments():
-    with pytest.raises(SystemExit, match="--overlap launches sessions on their own CUDA streams"):
-        cli.main(["serve-sim", "--device", "cpu", "--overlap"])
-    with pytest.raises(SystemExit, match="--modes: choose from stock,optimized"):
-        cli.main(["serve-sim", "--modes", "fast"])
-    with pytest.raises(SystemExit) as e:
-        cli.main(["soak", "--help"])
-    assert e.value.code == 0
-
-
-def test_serve_sim_tiny_run_is_exact_and_reports_the_schema(t2w):
-    """N = 2 sessions, 2 ticks, speak-heavy: each optimized session's PCM is its stock
-    counterpart's (one stock tail per session, as upstream serves)."""
-    tail = t2w.tail
-
-    def make_stock(i):
-        return tail if i == 0 else s2.Token2WavTail(copy.deepcopy(tail.flow), copy.deepcopy(tail.hift),
-                                                    n_timesteps=STEPS)
-
-    cfg = serve.SimConfig(seconds=2, warmup_ticks=0)
-    report = serve.serve_sim_report(make_optimized=lambda: t2w.opt, make_stock=make_stock,
-                                    make_prompt=lambda i: s2.synthetic_prompt(5, seed=20 + i),
-                                    device=torch.device("cpu"), cfg=cfg, sessions=2, meta={"model": "token2wav"})
-    json.dumps(report)
-    assert report["exact"] is True and report["exact_sessions"] == [True, True]
-    assert list(report["modes"]) == ["optimized", "stock"]
-    for mode, r in report["modes"].items():
-        assert r["status"] == "ok" and r["sessions"] == 2 and r["ticks"] == 2 and r["chunks"] == 4
-        assert set(r["speak_ms"]) == {"mean", "p50", "p99", "max"} and len(r["speak_ms_per_tick"]) == 2
-        assert r["deadline_misses"] == sum(ms > 1000.0 for ms in r["speak_ms_per_tick"])
-        assert r["peak_memory_bytes"] is None  # CPU
-        assert len(r["pcm_sha256"]) == 2 and r["pcm_sha256"][0] != r["pcm_sha256"][1]
-    opt = report["modes"]["optimized"]
-    assert opt["fallbacks"] == {} and opt["capture_failures"] == {}
-    assert opt["arena_bytes_per_session"] > 0 and opt["weights_bytes"] > opt["arena_bytes_per_session"]
-    assert [s["steps"] for s in opt["stats"]] == [2, 2]
-    assert "max_sessions_holding_cadence" not in report
-
-
-def test_serve_sim_sweep_stops_at_the_first_miss(t2w, tmp_path):
-    cfg = serve.SimConfig(seconds=1, warmup_ticks=0, budget_ms=1e-3)  # nothing holds a 1 us budget
-    report = serve.serve_sim_report(make_optimized=lambda: t2w.opt, make_stock=None,
-                                    make_prompt=lambda i: s2.synthetic_prompt(5, seed=30 + i),
-                                    device=torch.device("cpu"), cfg=cfg, sessions=1, modes=["optimized"],
-                                    sweep_to=4, meta={"model": "token2wav", "rules": "S"})
-    points = report["sweep"]["optimized"]
-    assert len(points) == 1 and points[0]["status"] == "miss" and points[0]["deadline_misses"] == 1
-    assert report["max_sessions_holding_cadence"] == {"optimized": 0} and report["exact"] is None
-    png = serve.plot_sweep(report, str(tmp_path / "sweep.png"))
-    assert png is None or (tmp_path / "sweep.png").stat().st_size > 0
-
-
-# ------------------------------------------------------------------------- soak
-def test_soak_checkpoints_are_exact_against_stock_from_the_session_state(t2w):
-    prompt = s2.synthetic_prompt(5, seed=40)
-    report = serve.soak(t2w.opt, t2w.tail, prompt, chunks=7, check_every=3, seed=2)
-    json.dumps(report)
-    assert [r["chunk"] for r in report["checkpoints"]] == [0, 3, 6]  # 3 and 6: steady, after the trim
-    assert report["all_exact"], [r for r in report["checkpoints"] if not r["exact"]]
-    assert report["memory_flat_bytes"] is None and report["memory_flat"] is None  # CPU: no allocator counter
-    assert report["stats"]["steps"] == 7 and report["fallbacks"] == {}
-    assert report["arena_bytes"] > 0 and report["chunk_ms"]["p50"] > 0
-
-
-def test_soak_check_detects_a_different_chunk(t2w, monkeypatch):
-    """The checkpoint is not vacuous: stock run from another generator state differs."""
-    session = t2w.opt.open_session(*s2.synthetic_prompt(5, seed=41))
-    real, seeds = torch.manual_seed, iter([1, 2])  # stock draws from seed 1, the session from seed 2
-    monkeypatch.setattr(torch, "manual_seed", lambda s: real(next(seeds)))
-    try:
-        row = serve.check_chunk_against_stock(t2w.tail, session, tokens_of(60, 28), seed=0)
-    finally:
-        monkeypatch.undo()
-        session.close()
-    assert row["exact"] is False and row["wave_equal"] is False and row["pcm_equal"] is False
-
-
-# -------------------------------------------------------------------- placement
-def test_session_pool_places_on_the_least_loaded_device_and_admits_up_to_its_limit(t2w):
-    """Two replicas (the CPU model listed twice stands in for two devices)."""
-    pool = serve.SessionPool([t2w.opt, t2w.opt], max_per_device=1)
-    prompt = s2.synthetic_prompt(5, seed=50)
-    a = pool.open(*prompt)
-    b = pool.open(*prompt)
-    assert (a.device_index, b.device_index) == (0, 1) and pool.load() == [1, 1]
-    with pytest.raises(serve.PoolFull, match=r"every device holds 1 sessions \(load \[1, 1\]\)"):
-        pool.open(*prompt)
-    b.close()
-    assert pool.load() == [1, 0]
-    c = pool.open(*prompt)
-    assert c.device_index == 1
-    for s in (a, c):
-        s.close()
-    assert pool.load() == [0, 0]
-    with pytest.raises(cadence_fx.InputError, match="at least one model"):
-        serve.SessionPool([])

@@ -1,0 +1,5 @@
+"""Serving many streams: sessions placed over local devices (``SessionPool``)."""
+
+from .pool import PoolFull, SessionPool
+
+__all__ = ["PoolFull", "SessionPool"]

@@ -1,0 +1,48 @@
+"""The model options explain, verify and demo share, and their checks."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import registry
+
+
+def add_model_args(p: argparse.ArgumentParser, *, weights: bool = True, rules: str | None = "S") -> None:
+    p.add_argument("--model", choices=registry.names(), default=registry.DEFAULT_MODEL)
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--prompt-tokens", type=int, default=50, help="prompt length P in tokens (mel frames = 2P)")
+    p.add_argument("--n-timesteps", type=int, default=5, help="flow-matching steps per chunk (upstream: 5 or 10)")
+    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32",
+                   help="; ".join(f"{m}: {' or '.join(registry.get(m).dtypes)}" for m in registry.names()))
+    if weights:
+        p.add_argument("--seed", type=int, default=0, help="seeds the weights, the prompt and the tokens")
+        p.add_argument("--checkpoint", default=None, help="token2wav: directory with upstream flow.pt and hift.pt; "
+                                                          "mimi: moshi's .safetensors or a torch.save'd state dict; "
+                                                          "vibevoice: the acoustic tokenizer's .safetensors or "
+                                                          "torch.save'd state dict")
+    p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
+    if rules is not None:
+        p.add_argument("--rules", default=rules, help="S (CPU or CUDA); on CUDA, replay: SR (per DiT "
+                                                      "call) or SRc (per chunk) over the arena, R or Rc over "
+                                                      "stock-managed state" + ("; auto: SRc on CUDA, S on CPU"
+                                                                          if rules == "auto" else ""))
+
+
+def model_of(args) -> registry.ModelSpec:
+    """The ``--model``'s spec, once ``--dtype`` is one it runs."""
+    spec = registry.get(args.model)
+    if args.dtype not in spec.dtypes:
+        raise SystemExit(f"--model {args.model} runs {' or '.join(spec.dtypes)}, not --dtype {args.dtype}")
+    return spec
+
+
+def check_flush(spec: registry.ModelSpec, final_tokens: int) -> None:
+    if final_tokens and not spec.flush:
+        raise SystemExit(f"--final-tokens does not apply to --model {spec.name}: it has no flush {spec.unit}")
+
+
+def progress(quiet: bool):
+    if quiet:
+        return None
+    return lambda msg: print(f"[cadence-fx] {msg}", file=sys.stderr, flush=True)

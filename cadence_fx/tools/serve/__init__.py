@@ -1,0 +1,1 @@
+"""Serving tools: ``serve-sim`` (``sim``), ``soak`` (``soak``), their command line (``cmd``)."""

@@ -1,0 +1,152 @@
+"""``cadence-fx serve-sim`` and ``cadence-fx soak``: their options and entry points."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from .. import registry
+from .sim import MIXES, MODES, SimConfig, plot_sweep, serve_sim_report
+from .soak import soak
+
+
+def _resolve(args):
+    """The device, once ``--model``, ``--prompt-tokens`` and ``--rules auto`` are settled."""
+    import torch
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"--device {args.device}: CUDA is not available on this machine")
+    if args.prompt_tokens < 1:
+        raise SystemExit("--prompt-tokens must be >= 1")
+    if args.rules == "auto":
+        args.rules = "SRc" if device.type == "cuda" else "S"
+    if device.type == "cuda":
+        from ...verify import deterministic_protocol
+        deterministic_protocol()  # stock eager is bit-reproducible on a GPU only with it
+    return device
+
+
+def cmd_serve_sim(args) -> int:
+    import torch
+    say = None if args.json else (lambda msg: print(f"[serve-sim] {msg}", file=sys.stderr, flush=True))
+    spec = registry.get(args.model)
+    device = _resolve(args)
+    if args.sessions < 1 or args.seconds < 1:
+        raise SystemExit("--sessions and --seconds must be >= 1")
+    modes = [m for m in args.modes.split(",") if m]
+    if not set(modes) <= set(MODES) or not modes:
+        raise SystemExit(f"--modes: choose from {','.join(MODES)}")
+    if args.overlap and device.type != "cuda":
+        raise SystemExit("--overlap launches sessions on their own CUDA streams: it needs --device cuda")
+
+    def make_optimized():
+        return registry.optimize(spec, spec.build(args)[0], args.rules, say)
+
+    def make_stock(i):  # its own weights and buffers, as upstream serves one stream per model
+        return spec.build(args)[0]
+
+    meta = {"model": args.model, "rules": args.rules, "dtype": args.dtype, "n_timesteps": args.n_timesteps,
+            "prompt_tokens": args.prompt_tokens, "torch": torch.__version__,
+            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+            "stock_layout": "one stock model per session: its own weights and fixed state buffers"}
+    cfg = SimConfig(args.seconds, args.mix, args.seed, args.warmup_ticks)
+    report = serve_sim_report(make_optimized=make_optimized, make_stock=make_stock,
+                              make_prompt=lambda i: spec.serve.prompt(args, i, device), hooks=spec.serve,
+                              device=device, cfg=cfg,
+                              sessions=args.sessions, modes=modes,
+                              sweep_to=args.max_sessions if args.sweep else None, overlap=args.overlap,
+                              meta=meta, say=say)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        if args.sweep:
+            png = plot_sweep(report, os.path.join(args.out, "serve-sim.png"))
+            report["png"] = png
+            if png is None:
+                print("[serve-sim] matplotlib is not importable: no PNG (the JSON has every number)", file=sys.stderr)
+        with open(os.path.join(args.out, "serve-sim.json"), "w") as f:
+            json.dump(report, f, indent=1)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(_format_serve(report))
+    return 0 if report["exact"] in (True, None) else 1
+
+
+def _format_serve(report: dict[str, Any]) -> str:
+    mib = lambda b: "n/a" if b is None else f"{b / 2 ** 20:,.0f} MiB"  # noqa: E731
+    lines = [f"serve-sim {report['model']} on {report['device']}, rules {report['rules']}, {report['mix']}, "
+             f"budget {report['budget_ms']:.0f} ms per tick"]
+    if "sweep" in report:
+        for mode, points in report["sweep"].items():
+            for p in points:
+                sp = p.get("speak_ms") or {}
+                lines.append(f"  {mode:>9} N={p['sessions']:>3}: {p['status']:<5} SPEAK mean {sp.get('mean')} "
+                             f"p99 {sp.get('p99')} ms, misses {p.get('deadline_misses')}, "
+                             f"peak {mib(p.get('peak_memory_bytes'))}")
+        lines.append(f"largest N holding the cadence: {report['max_sessions_holding_cadence']}")
+        return "\n".join(lines)
+    for mode, r in report["modes"].items():
+        sp = r.get("speak_ms") or {}
+        lines.append(f"  {mode:>9}: {r['sessions']} sessions, {r['status']}, SPEAK mean {sp.get('mean')} "
+                     f"p99 {sp.get('p99')} ms, misses {r.get('deadline_misses')}/{r.get('speaking_ticks')}, "
+                     f"peak {mib(r['peak_memory_bytes'])}")
+    lines.append(f"every session's PCM identical between modes: {report['exact']}")
+    return "\n".join(lines)
+
+
+def cmd_soak(args) -> int:
+    say = None if args.json else (lambda msg: print(f"[soak] {msg}", file=sys.stderr, flush=True))
+    spec = registry.get(args.model)
+    device = _resolve(args)
+    tail = spec.build(args)[0]
+    model = registry.optimize(spec, tail, args.rules, say)
+    prompt = spec.serve.prompt(args, 0, device)
+    spec.executable(model, prompt)  # trace before the clock starts
+    report = soak(model, tail, prompt, spec.serve, args.chunks, args.check_every, args.seed, say=say)
+    report.update(model=args.model, n_timesteps=args.n_timesteps, dtype=args.dtype, prompt_tokens=args.prompt_tokens)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "soak.json"), "w") as f:
+            json.dump(report, f, indent=1)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        for r in report["checkpoints"]:
+            print(f"chunk {r['chunk']:>6}: exact {r['exact']}  allocated {r['allocated_bytes']}  rss {r['rss_bytes']}")
+        print(f"all checkpoints exact: {report['all_exact']}; memory flat after warm-up: {report['memory_flat']} "
+              f"(max - min {report['memory_flat_bytes']} bytes); chunk p50 {report['chunk_ms']['p50']} ms")
+    return 0 if report["all_exact"] and report["memory_flat"] in (True, None) else 1
+
+
+def add_serve_args(p: argparse.ArgumentParser, *, soak_cmd: bool = False) -> None:
+    p.add_argument("--model", choices=registry.names(lambda s: s.serve), default=registry.DEFAULT_MODEL)
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--rules", default="auto", help="optimized rules; auto: SRc on CUDA, S on CPU")
+    p.add_argument("--prompt-tokens", type=int, default=50)
+    p.add_argument("--n-timesteps", type=int, default=5)
+    p.add_argument("--dtype", choices=("float32", "float16"), default="float32")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--checkpoint", default=None, help="directory with upstream flow.pt and hift.pt")
+    p.add_argument("--out", default=None, help="write the JSON (and, sweeping, the PNG) here")
+    p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
+    if soak_cmd:
+        p.add_argument("--chunks", type=int, default=3600, help="chunks to stream (1 s each)")
+        p.add_argument("--check-every", type=int, default=100, help="chunks between checkpoints")
+        return
+    p.add_argument("--sessions", type=int, default=4, help="concurrent sessions N (fixed-N run)")
+    p.add_argument("--seconds", type=int, default=10, help="timed ticks (1 s of audio each) per run or per N")
+    p.add_argument("--warmup-ticks", type=int, default=1, help="untimed ticks first (first-call costs)")
+    p.add_argument("--mix", choices=MIXES, default="speak-heavy",
+                   help="speak-heavy: every session speaks every tick; mixed: each speaks with p = 0.5 (seeded)")
+    p.add_argument("--modes", default="stock,optimized")
+    p.add_argument("--sweep", action="store_true", help="grow N from 1 until a miss, out of memory or --max-sessions")
+    p.add_argument("--max-sessions", type=int, default=64)
+    p.add_argument("--overlap", action="store_true",
+                   help="CUDA: each optimized session on its own stream, a tick's chunks launched before any is read")
+
+
+def add_soak_args(p: argparse.ArgumentParser) -> None:
+    add_serve_args(p, soak_cmd=True)

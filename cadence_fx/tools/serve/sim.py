@@ -1,0 +1,374 @@
+"""``serve-sim``: N conversations on a virtual clock of 1 s ticks, stock against optimized.
+
+Every tick, each *speaking* session turns its next chunk into 1 s of PCM; a tick's
+wall time (its SPEAK time) must stay under the 1 s budget or the tick misses its
+deadline.  Nothing sleeps: a tick's SPEAK time is measured and compared with the budget.
+``stock`` runs one stock model per session (its own weights and state buffers, as
+upstream serves one stream per model); ``optimized`` one optimized model with N
+sessions.  Before chunk ``k`` of session ``i`` both seed ``chunk_seed(seed, i, k)``, so
+each session's PCM can be compared across the modes by SHA-256.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import hashlib
+import os
+import random
+import time
+from typing import Any, Callable, Iterable, Sequence
+
+from ...errors import InputError
+from ..bench.stats import percentile
+from ..registry import ServeHooks, TokenChunks
+
+CHUNK_SECONDS = 1.0  # 25 tokens at 25 Hz -> 50 mel frames -> 24,000 samples
+MIXES = ("speak-heavy", "mixed")
+MODES = ("stock", "optimized")
+
+
+def chunk_seed(seed: int, session: int, chunk: int) -> int:
+    """The generator seed set before chunk ``chunk`` of session ``session`` (both modes)."""
+    return (seed * 1_000_003 + session * 100_003 + chunk) % (2 ** 62)
+
+
+class TokenFeed:
+    """Session ``i``'s speech tokens: chunk ``k`` is tokens ``n k .. n (k + 1) + a`` of one
+    seeded endless sequence (``n`` new tokens a chunk; its ``a`` lookahead tokens are the
+    next chunk's first ``a``)."""
+
+    def __init__(self, seed: int, session: int, tokens: TokenChunks):
+        import torch
+        self._gen = torch.Generator().manual_seed(30_000 + seed * 10_007 + session)
+        self._tokens: list[int] = []
+        self._vocab, self._chunk, self._look = tokens.vocab, tokens.new, tokens.lookahead
+        self.next_chunk = 0
+
+    def chunk(self, k: int) -> list[int]:
+        import torch
+        need = self._chunk * k + self._chunk + self._look
+        while len(self._tokens) < need:
+            self._tokens += torch.randint(0, self._vocab, (1024,), generator=self._gen).tolist()
+        return self._tokens[self._chunk * k: need]
+
+    def take(self) -> tuple[int, list[int]]:
+        """The next chunk's index and tokens."""
+        k = self.next_chunk
+        self.next_chunk += 1
+        return k, self.chunk(k)
+
+
+def speaking_schedule(mix: str, n_sessions: int, ticks: int, seed: int, p_speak: float = 0.5) -> list[list[int]]:
+    """Per tick, the sessions that speak (the others listen: their tails idle that tick)."""
+    if mix not in MIXES:
+        raise InputError(f"unknown mix {mix!r}; choose one of {', '.join(MIXES)}")
+    if mix == "speak-heavy":
+        return [list(range(n_sessions)) for _ in range(ticks)]
+    rng = random.Random(seed * 7919 + n_sessions)
+    return [[i for i in range(n_sessions) if rng.random() < p_speak] for _ in range(ticks)]
+
+
+def sync(device) -> None:
+    import torch
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _memory_reset(device) -> None:
+    import torch
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _peak_memory(device) -> int | None:
+    import torch
+    return int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
+
+
+def allocated(device) -> int | None:
+    import torch
+    return int(torch.cuda.memory_allocated(device)) if device.type == "cuda" else None
+
+
+def rss_bytes() -> int | None:
+    """This process's resident set (Linux), for CPU runs; None elsewhere."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def ms_summary(xs: Sequence[float]) -> dict[str, float | None]:
+    if not xs:
+        return {"mean": None, "p50": None, "p99": None, "max": None}
+    return {"mean": round(sum(xs) / len(xs), 3), "p50": round(percentile(xs, 50), 3),
+            "p99": round(percentile(xs, 99), 3), "max": round(max(xs), 3)}
+
+
+# ------------------------------------------------------------------ the two modes
+class StockStreams:
+    """N stock tails, one per session (upstream keeps one stream per ``Token2wav``)."""
+
+    name = "stock"
+
+    def __init__(self, make_stock: Callable[[int], Any]):
+        self.make_stock = make_stock
+        self.tails: list[Any] = []
+
+    def open(self, i: int, prompt) -> None:
+        tail = self.make_stock(i)
+        tail.set_stream_cache(*prompt)
+        self.tails.append(tail)
+
+    def run_tick(self, work: list[tuple[int, list[int], int]]) -> list[bytes]:
+        import torch
+        out = []
+        for i, tokens, seed in work:
+            torch.manual_seed(seed)
+            out.append(self.tails[i].stream(tokens))
+        return out
+
+    def report(self) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        self.tails.clear()
+
+
+class OptimizedStreams:
+    """One optimized model, N sessions; with ``overlap`` (CUDA) each on its own stream."""
+
+    name = "optimized"
+
+    def __init__(self, model, overlap: bool = False, weights_bytes: Callable[[Any], int] | None = None):
+        self.model, self.overlap, self.weights_bytes = model, overlap, weights_bytes
+        self.sessions: list[Any] = []
+
+    def open(self, i: int, prompt) -> None:
+        import torch
+        stream = torch.cuda.Stream(self.model.device) if self.overlap and self.model.device.type == "cuda" else None
+        self.sessions.append(self.model.open_session(*prompt, stream=stream))
+
+    def run_tick(self, work: list[tuple[int, list[int], int]]) -> list[bytes]:
+        import torch
+        if not self.overlap:
+            out = []
+            for i, tokens, seed in work:
+                torch.manual_seed(seed)
+                out.append(self.sessions[i].stream(tokens))
+            return out
+        pending = []
+        for i, tokens, seed in work:  # launch every session's chunk, then wait for each
+            torch.manual_seed(seed)  # read on the host at launch: the draws do not depend on overlap
+            pending.append(self.sessions[i].submit(tokens))
+        return [p.result() for p in pending]
+
+    def report(self) -> dict[str, Any]:
+        fallbacks: dict[str, int] = {}
+        for s in self.sessions:
+            for reason, n in s.stats()["fallbacks"].items():
+                fallbacks[reason] = fallbacks.get(reason, 0) + n
+        capture_failures = {s.name: f for s in self.sessions if s.session is not None
+                            for f in [{i: r for i, r in s.session.capture_failures.items() if r}] if f}
+        weights = self.weights_bytes(self.model) if self.weights_bytes else None
+        return {"weights_bytes": weights,
+                "arena_bytes_per_session": self.sessions[0].arena_bytes if self.sessions else None,
+                "fallbacks": fallbacks, "capture_failures": capture_failures,
+                "stats": [s.stats() for s in self.sessions]}
+
+    def close(self) -> None:
+        for s in self.sessions:
+            s.close()
+        self.sessions.clear()
+
+
+@dataclasses.dataclass
+class SimConfig:
+    seconds: int
+    mix: str = "speak-heavy"
+    seed: int = 0
+    warmup_ticks: int = 1
+    budget_ms: float = 1000.0 * CHUNK_SECONDS
+
+
+def run_ticks(streams, feeds: list[TokenFeed], n_sessions: int, cfg: SimConfig, device,
+              hashes: list[Any]) -> dict[str, Any]:
+    """``cfg.warmup_ticks + cfg.seconds`` ticks of ``n_sessions`` (untimed warm-up ticks first)."""
+    ticks = cfg.warmup_ticks + cfg.seconds
+    schedule = speaking_schedule(cfg.mix, n_sessions, ticks, cfg.seed)
+    speak_ms, chunks = [], 0
+    for t, speakers in enumerate(schedule):
+        work = []
+        for i in speakers:
+            k, tokens = feeds[i].take()
+            work.append((i, tokens, chunk_seed(cfg.seed, i, k)))
+        sync(device)
+        t0 = time.perf_counter()
+        pcm = streams.run_tick(work)
+        sync(device)
+        ms = (time.perf_counter() - t0) * 1e3
+        for (i, _, _), b in zip(work, pcm):
+            hashes[i].update(b)
+        chunks += len(work)
+        if t >= cfg.warmup_ticks and work:  # a tick where nobody speaks has no deadline
+            speak_ms.append(ms)
+    misses = sum(1 for ms in speak_ms if ms > cfg.budget_ms)
+    return {"ticks": cfg.seconds, "speaking_ticks": len(speak_ms), "chunks": chunks,
+            "speak_ms": ms_summary(speak_ms), "deadline_misses": misses,
+            "holds_cadence": misses == 0, "speak_ms_per_tick": [round(x, 3) for x in speak_ms]}
+
+
+def simulate(mode: str, factory: Callable[[], Any], make_prompt: Callable[[int], tuple], n_sessions: int,
+             cfg: SimConfig, device, tokens: TokenChunks) -> dict[str, Any]:
+    """One fixed-N run of one mode: open ``n_sessions``, run the ticks, report.
+
+    ``factory()`` returns the mode's streams object (``StockStreams`` or
+    ``OptimizedStreams``); it and everything it holds are dropped afterwards.  Peak
+    memory counts from after ``factory()``: the weights, what the sessions open
+    (arenas, graphs; stock: whole tails) and the ticks' work.
+    """
+    import torch
+    streams = factory()
+    _memory_reset(device)  # after the model is built: what it was built from is freed, not counted
+    t0 = time.perf_counter()
+    feeds = [TokenFeed(cfg.seed, i, tokens) for i in range(n_sessions)]
+    hashes = [hashlib.sha256() for _ in range(n_sessions)]
+    status = "ok"
+    try:
+        for i in range(n_sessions):
+            streams.open(i, make_prompt(i))
+        setup_s = time.perf_counter() - t0
+        result = run_ticks(streams, feeds, n_sessions, cfg, device, hashes)
+    except torch.OutOfMemoryError as e:
+        status, setup_s, result = f"out of memory: {str(e).splitlines()[0]}", time.perf_counter() - t0, {}
+    report = {"mode": mode, "sessions": n_sessions, "status": status, "setup_s": round(setup_s, 2), **result,
+              "peak_memory_bytes": _peak_memory(device), "rss_bytes": rss_bytes(),
+              "pcm_sha256": [h.hexdigest() for h in hashes], **(streams.report() if status == "ok" else {})}
+    streams.close()
+    del streams
+    _memory_reset(device)
+    return report
+
+
+def sweep(mode: str, factory: Callable[[], Any], make_prompt: Callable[[int], tuple], cfg: SimConfig, device,
+          tokens: TokenChunks, max_sessions: int, say=None) -> list[dict[str, Any]]:
+    """N = 1, 2, ... until a tick misses its deadline, memory runs out, or ``max_sessions``.
+
+    Sessions persist from one N to the next (N + 1 opens one more), as conversations
+    join a live server; each N runs ``cfg.seconds`` timed ticks after its warm-up ticks.
+    """
+    import torch
+    streams = factory()
+    _memory_reset(device)
+    feeds: list[TokenFeed] = []
+    hashes: list[Any] = []
+    points = []
+    try:
+        for n in range(1, max_sessions + 1):
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            try:
+                streams.open(n - 1, make_prompt(n - 1))
+                feeds.append(TokenFeed(cfg.seed, n - 1, tokens))
+                hashes.append(hashlib.sha256())
+                point = run_ticks(streams, feeds, n, cfg, device, hashes)
+                point.pop("speak_ms_per_tick")
+                point.update(sessions=n, status="ok" if point["holds_cadence"] else "miss")
+            except torch.OutOfMemoryError as e:
+                point = {"sessions": n, "status": f"out of memory: {str(e).splitlines()[0]}", "holds_cadence": False}
+            point["peak_memory_bytes"] = _peak_memory(device)
+            point["rss_bytes"] = rss_bytes()
+            points.append(point)
+            if say:
+                p99 = (point.get("speak_ms") or {}).get("p99")
+                say(f"{mode}: N={n} {point['status']}, SPEAK p99 {p99} ms, peak {point['peak_memory_bytes']}")
+            if point["status"] != "ok":
+                break
+    finally:
+        streams.close()
+        del streams
+        _memory_reset(device)
+    return points
+
+
+def largest_holding(points: Iterable[dict[str, Any]]) -> int:
+    """The largest N with every N' <= N holding the cadence (0 if none)."""
+    best = 0
+    for p in points:
+        if not p.get("holds_cadence"):
+            break
+        best = p["sessions"]
+    return best
+
+
+def plot_sweep(report: dict[str, Any], path: str) -> str | None:
+    """Peak memory and p99 SPEAK time vs N per mode; None without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    for mode, points in report["sweep"].items():
+        ok = [p for p in points if p.get("speak_ms")]
+        a.plot([p["sessions"] for p in ok], [p["speak_ms"]["p99"] for p in ok], marker="o", label=mode)
+        mem = [p for p in points if p.get("peak_memory_bytes") is not None]
+        b.plot([p["sessions"] for p in mem], [p["peak_memory_bytes"] / 2 ** 30 for p in mem], marker="o", label=mode)
+    a.axhline(report["budget_ms"], color="tab:red", linestyle="--", label="1 s budget")
+    a.set_xlabel("concurrent sessions N")
+    a.set_ylabel("SPEAK time p99 per tick (ms)")
+    a.legend()
+    b.set_xlabel("concurrent sessions N")
+    b.set_ylabel("peak allocated (GiB)" if report["device"].startswith("cuda") else "peak allocated (n/a on CPU)")
+    b.legend()
+    fig.suptitle(f"serve-sim {report['model']} {report['device']} rules {report['rules']} {report['mix']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+
+def serve_sim_report(*, make_optimized: Callable[[], Any], make_stock: Callable[[int], Any],
+                     make_prompt: Callable[[int], tuple], hooks: ServeHooks, device, cfg: SimConfig,
+                     sessions: int, modes: Sequence[str] = MODES, sweep_to: int | None = None, overlap: bool = False,
+                     meta: dict[str, Any] | None = None, say=None) -> dict[str, Any]:
+    """The serve-sim report: a fixed-N run of each mode, or (``sweep_to``) a sweep of each.
+
+    Optimized runs first, stock second (each mode's memory freed before the next).
+    ``exact``: every session's PCM SHA-256 equal between the modes (fixed-N runs with
+    both modes; None otherwise).  ``hooks``: the model's serve hooks (its token chunks,
+    the weights it reports).
+    """
+    tokens = hooks.tokens()
+    factories = {"optimized": lambda: OptimizedStreams(make_optimized(), overlap, hooks.weights_bytes),
+                 "stock": lambda: StockStreams(make_stock)}
+    report: dict[str, Any] = {**(meta or {}), "device": str(device), "mix": cfg.mix, "seconds": cfg.seconds,
+                              "warmup_ticks": cfg.warmup_ticks, "budget_ms": cfg.budget_ms, "seed": cfg.seed,
+                              "overlap": overlap}
+    order = [m for m in ("optimized", "stock") if m in modes]
+    if sweep_to:
+        report["sweep"] = {m: sweep(m, factories[m], make_prompt, cfg, device, tokens, sweep_to, say) for m in order}
+        report["max_sessions_holding_cadence"] = {m: largest_holding(p) for m, p in report["sweep"].items()}
+        report["exact"] = None
+        return report
+    report["sessions"] = sessions
+    report["modes"] = {}
+    for m in order:
+        if say:
+            say(f"{m}: {sessions} sessions, {cfg.warmup_ticks} + {cfg.seconds} ticks")
+        report["modes"][m] = simulate(m, factories[m], make_prompt, sessions, cfg, device, tokens)
+    if len(order) == 2:
+        a, b = (report["modes"][m]["pcm_sha256"] for m in order)
+        report["exact_sessions"] = [x == y for x, y in zip(a, b)]
+        report["exact"] = all(report["exact_sessions"]) and len(a) == len(b) == sessions
+    else:
+        report["exact"] = None
+    return report
+

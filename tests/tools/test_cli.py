@@ -1,0 +1,201 @@
+"""The command line through the model registry, on a small model: the shared ``t2w``
+Token2Wav (tests/conftest.py: 2 flow steps, one optimized model) registered as
+``t2w-small``, so explain, verify and demo run here without building or tracing the
+released configuration again.  The released configuration's end-to-end run (the demo)
+is in test_token2wav.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+
+import pytest
+
+import cadence_fx
+from cadence_fx.integrations import stepaudio2 as s2
+from cadence_fx.tools import cli, registry
+from cadence_fx.tools.bench import BenchError
+
+SMALL = "t2w-small"
+PROMPT = 5  # tokens: the prompt length the other users of ``t2w`` trace too
+
+
+@pytest.fixture
+def small(t2w):
+    """``t2w`` as a registered model: its tail, a seeded prompt, and its optimized model
+    for rule S (any other rules go to ``cadence_fx.optimize``)."""
+    def build(args):
+        if (args.n_timesteps, args.seed, args.checkpoint, args.dtype) != (t2w.steps, 0, None, "float32"):
+            raise SystemExit(f"{SMALL} is the shared t2w model: --n-timesteps {t2w.steps}, seed 0, float32")
+        return t2w.tail, s2.synthetic_prompt(args.prompt_tokens, args.seed)
+
+    def optimize(stock, rules, progress):
+        return t2w.opt if rules == "S" else cadence_fx.optimize(stock, rules=rules, progress=progress)
+
+    registry.register(dataclasses.replace(registry.get("token2wav"), name=SMALL, build=build, optimize=optimize,
+                                          bench=None, serve=None))
+    yield t2w
+    registry.unregister(SMALL)
+
+
+def run(capsys, *argv: str) -> tuple[int, dict | None, str, str]:
+    """``cadence-fx argv``: exit code, the last stdout line as JSON (if it is), stdout, stderr."""
+    code = cli.main(list(argv))
+    out = capsys.readouterr()
+    lines = out.out.strip().splitlines()
+    try:
+        doc = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        doc = None
+    return code, doc, out.out, out.err
+
+
+def small_args(*extra: str) -> list[str]:
+    return ["--model", SMALL, "--n-timesteps", "2", "--prompt-tokens", str(PROMPT), *extra]
+
+
+# ---------------------------------------------------------------------------- registry
+def test_registry_names_every_model_once_and_refuses_unknown_ones():
+    assert registry.names() == ("token2wav", "mimi", "vibevoice")
+    assert registry.names(lambda s: s.bench) == ("token2wav", "mimi")
+    assert registry.names(lambda s: s.serve) == ("token2wav",)
+    assert registry.get("mimi").dtypes == ("float32",) and registry.get("mimi").unit == "frame"
+    assert registry.get("token2wav").flush and not registry.get("vibevoice").flush
+    with pytest.raises(registry.UnknownModel, match="unknown model 'x'; choose from token2wav, mimi, vibevoice"):
+        registry.get("x")
+    with pytest.raises(BenchError, match="unknown model 'vibevoice'; choose from token2wav, mimi"):
+        registry.bench_model("vibevoice")
+
+
+def test_a_registered_model_is_a_choice_of_every_model_option(small, capsys):
+    for command in ("explain", "verify", "demo"):
+        with pytest.raises(SystemExit) as e:
+            cli.main([command, "--help"])
+        assert e.value.code == 0 and SMALL in capsys.readouterr().out
+    registry.unregister(SMALL)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["verify", "--model", SMALL])
+    assert e.value.code == 2 and f"invalid choice: '{SMALL}'" in capsys.readouterr().err
+
+
+def test_reused_models_are_keyed_by_their_whole_configuration():
+    built = []
+    spec = registry.ModelSpec("counted", ("float32",), "chunk", 1.0, 24000,
+                              build=lambda args: (built.append(args) or object(), None), explain_adapter=None,
+                              chunks=None, start=None, executable=None, describe=None,
+                              optimize=lambda stock, rules, progress: types.SimpleNamespace(stock=stock, rules=rules))
+    args = dict(seed=0, checkpoint=None, n_timesteps=2, prompt_tokens=5, dtype="float32", device="cpu")
+    try:
+        registry.reuse_built_models()
+        a, _ = registry.build(spec, types.SimpleNamespace(**args))
+        assert registry.build(spec, types.SimpleNamespace(**args))[0] is a and len(built) == 1
+        for key, other in (("seed", 1), ("checkpoint", "ckpt"), ("n_timesteps", 5), ("prompt_tokens", 50),
+                           ("dtype", "float16"), ("device", "cuda")):
+            assert registry.build(spec, types.SimpleNamespace(**{**args, key: other}))[0] is not a, key
+        assert len(built) == 7
+        opt = registry.optimize(spec, a, "S")
+        assert registry.optimize(spec, a, "S") is opt and opt.stock is a
+        assert registry.optimize(spec, a, "SRc") is not opt
+        registry.reuse_built_models(False)  # off: every command builds its own
+        assert registry.build(spec, types.SimpleNamespace(**args))[0] is not a and len(built) == 8
+        assert registry.optimize(spec, a, "S") is not opt
+    finally:
+        registry.reuse_built_models(False)
+
+
+# ---------------------------------------------------------------------------- explain
+def test_explain_plans_the_small_model_without_building_it(small, capsys):
+    code, plan, _, _ = run(capsys, "explain", *small_args("--json"))
+    assert code == 0
+    assert len(plan["catalog"]) == 3 and plan["arena_bytes"] < plan["stock_state_bytes"]
+    est = next(r for r in plan["regions"] if r["name"] == "estimator_att_cache")
+    assert est["bytes"] == 2 * 16 * 2 * 8 * (2 * PROMPT + 100 + 50) * 128 * 4  # 2 live flow steps
+    code, _, text, _ = run(capsys, "explain", *small_args())
+    assert code == 0 and "estimator_att_cache" in text
+    with pytest.raises(SystemExit, match=f"--model {SMALL} runs float32 or float16, not --dtype bfloat16"):
+        cli.main(["explain", *small_args("--dtype", "bfloat16")])
+
+
+def test_explain_trace_previews_the_partition_of_the_traced_graphs(small, capsys):
+    code, doc, _, _ = run(capsys, "explain", *small_args("--trace", "--json"))
+    assert code == 0
+    assert sorted(doc["partition"]) == ["0", "1", "2"]
+    for entry in doc["partition"].values():
+        assert set(entry) == {"chunk", "step"}
+        for part in entry.values():
+            assert part["regions"] and all(set(r) == {"name", "capturable", "nodes"} for r in part["regions"])
+            assert all(set(v) == {"node", "reason"} for v in part["eager"])
+        # per step (SR) cuts the chunk's graph at every DiT call: more regions than per chunk (SRc)
+        assert len(entry["step"]["regions"]) > len(entry["chunk"]["regions"])
+    code, _, text, _ = run(capsys, "explain", *small_args("--trace"))
+    assert code == 0 and "Partition preview" in text and "entry 2 (SR):" in text
+
+
+# ---------------------------------------------------------------------------- verify
+VERIFY_FIELDS = {"exact", "chunks", "mismatches", "pcm_sha256_stock", "pcm_sha256_optimized", "per_chunk", "model",
+                 "rules", "device", "dtype", "n_timesteps", "prompt_tokens", "seed", "fallbacks", "fallback_reasons",
+                 "stats", "arena_bytes", "state_bytes", "stock_state_bytes", "compile_s", "torch"}
+CHUNK_FIELDS = {"chunk", "last", "route", "samples", "wave_equal", "pcm_equal", "state_equal", "mismatched",
+                "pcm_sha256", "stock_ms", "opt_ms"}
+
+
+def test_verify_reports_every_chunk_of_the_small_model(small, capsys):
+    code, report, _, err = run(capsys, "verify", *small_args("--chunks", "2", "--final-tokens", "9", "--json"))
+    assert code == 0 and set(report) == VERIFY_FIELDS
+    assert report["exact"] is True and report["mismatches"] == [] and report["chunks"] == 3
+    assert (report["model"], report["rules"], report["device"], report["dtype"]) == (SMALL, "S", "cpu", "float32")
+    assert (report["n_timesteps"], report["prompt_tokens"], report["seed"]) == (2, PROMPT, 0)
+    assert all(set(c) == CHUNK_FIELDS for c in report["per_chunk"])
+    routes = [c["route"] for c in report["per_chunk"]]
+    assert routes == ["graph entry 0", "graph entry 1", "fallback: flags last_chunk outside the catalog (eager)"]
+    assert report["fallbacks"] == 1 and report["per_chunk"][-1]["last"] is True
+    assert report["pcm_sha256_stock"] == report["pcm_sha256_optimized"]
+    assert 0 < report["arena_bytes"] < report["stock_state_bytes"]
+    assert "chunk 1/3: graph entry 0, wave equal, state equal" in err  # progress, in words
+    # the table and the summary without --json
+    code, _, text, _ = run(capsys, "verify", *small_args("--chunks", "1", "--quiet"))
+    assert code == 0 and "exact: True  chunks: 1  fallbacks: 0" in text and text.splitlines()[0].startswith("chunk")
+
+
+def test_verify_arguments_are_checked_before_anything_is_built(small, capsys):
+    with pytest.raises(SystemExit, match="--final-tokens does not apply to --model mimi: it has no flush frame"):
+        cli.main(["verify", "--model", "mimi", "--final-tokens", "3"])
+    with pytest.raises(SystemExit, match="--model mimi runs float32, not --dtype float16"):
+        cli.main(["verify", "--model", "mimi", "--dtype", "float16"])
+    with pytest.raises(SystemExit, match="--n-timesteps must be in 1..16"):
+        cli.main(["verify", "--n-timesteps", "17"])
+    with pytest.raises(SystemExit, match="--prompt-tokens must be >= 1"):
+        cli.main(["verify", "--prompt-tokens", "0"])
+    with pytest.raises(SystemExit) as e:
+        cli.main(["verify", *small_args("--chunks", "0")])
+    assert e.value.code == 2 and "--chunks must be >= 1" in capsys.readouterr().err
+    # a library error is one line naming its type, exit 2
+    code, _, _, err = run(capsys, "verify", *small_args("--rules", "SRc", "--quiet"))
+    assert code == 2 and err.startswith("cadence-fx: RulesError: ")
+
+
+# ---------------------------------------------------------------------------- demo
+def test_demo_is_reproducible_and_says_what_matched(small, tmp_path, capsys):
+    """Two runs give the same WAV bytes, whatever the process's generators did in between
+    (every chunk is seeded as verify seeds it); stock and optimized match within a run."""
+    import torch
+    hashes = []
+    for k in range(2):
+        torch.manual_seed(1234 + k)  # where the generators stand must not matter
+        torch.rand(k + 1)
+        code, doc, text, err = run(capsys, "demo", *small_args("--chunks", "2", "--out", str(tmp_path / str(k)),
+                                                              "--json"))
+        assert code == 0 and doc["exact"] is True and doc["rules"] == "S" and doc["chunks"] == 2
+        assert set(doc) == {"exact", "chunks", "rules", "device", "stock_ms_p50", "optimized_ms_p50", "compile_s",
+                            "arena_bytes", "stock_state_bytes", "wav", "stats"}
+        wavs = {name: (tmp_path / str(k) / f"{SMALL}-{name}.wav").read_bytes() for name in ("stock", "optimized")}
+        assert wavs["stock"] == wavs["optimized"] and len(wavs["stock"]) > 44 + 2 * 20160
+        assert doc["wav"]["stock"]["sha256"] == doc["wav"]["optimized"]["sha256"]
+        hashes.append(doc["wav"]["stock"]["sha256"])
+        assert "chunk 1/2: graph entry 0, wave equal, state equal" in err
+        assert "chunk 2/2: graph entry 1, wave equal, state equal" in err
+        assert "needs a GPU" in err and "same PCM bytes: True" in text
+        assert "streaming 2 chunks (~2 s of audio)" in err
+    assert hashes[0] == hashes[1]
