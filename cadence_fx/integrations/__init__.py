@@ -1,7 +1,10 @@
-"""One module per upstream family; each declares its state and adapts its step.
+"""One package per upstream family (stock < inputs < adapter < drop-in), and what they share.
 
 ``optimize`` finds the family of a model by its class through ``FACTORIES``.
-Families register lazily so importing cadence_fx imports no model package.
+Families register lazily so importing cadence_fx imports no model package.  Shared by
+the families: ``upstream`` (importing upstream packages without their ``__init__``),
+``ids`` (integer ids checked on the host), ``frames`` (a call's waveform or PCM; the
+stream of a frame codec) and ``dropin`` (the drop-ins' executables and default session).
 """
 
 from __future__ import annotations
@@ -10,9 +13,9 @@ from typing import Any, Callable
 
 FACTORIES: dict[str, tuple[str, str]] = {
     # class qualname -> (module, factory attribute)
-    "Token2WavTail": ("cadence_fx.integrations.stepaudio2", "OptimizedToken2Wav"),
-    "MimiDecoder": ("cadence_fx.integrations.moshi", "OptimizedMimi"),
-    "VibeVoiceDecoder": ("cadence_fx.integrations.vibevoice", "OptimizedVibeVoice"),
+    "Token2WavTail": ("cadence_fx.integrations.stepaudio2.dropin", "OptimizedToken2Wav"),
+    "MimiDecoder": ("cadence_fx.integrations.moshi.dropin", "OptimizedMimi"),
+    "VibeVoiceDecoder": ("cadence_fx.integrations.vibevoice.dropin", "OptimizedVibeVoice"),
 }
 
 

@@ -26,18 +26,15 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from typing import Any, Mapping, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
-from ..adapter import StreamingAdapter
-from ..annotations import Clock, Declaration, Fixed, Region, Window, get_declaration, native_clock
-from ..errors import DeclarationError, InputError
-from ..step import StepSignature
-from ..plan import ScopeVerdict, TensorSpec
-from .stepaudio2 import pcm_bytes  # the PCM conversion verify uses for every model
-from .session_stream import SessionStream
-from .upstream import import_submodule
+from ...annotations import Clock, Declaration, Fixed, Region, Window, get_declaration, native_clock
+from ...errors import DeclarationError
+from ..frames import FrameStream
+from ..upstream import import_submodule
+from .inputs import VAE_DIM, latent_tensor
 
 UPSTREAM_DISTRIBUTION = "vibevoice"
 UPSTREAM_VERSION = "0.0.1"  # the version these declarations and tests were checked against
@@ -49,7 +46,6 @@ RELEASED_CONFIG = dict(vae_dim=64, causal=True, mixer_layer="depthwise_conv", co
                        std_dist_type="gaussian", encoder_n_filters=32, encoder_ratios=[8, 5, 5, 4, 2, 2],
                        encoder_depths="3-3-3-3-3-3-8", decoder_n_filters=32, decoder_ratios=[8, 5, 5, 4, 2, 2],
                        decoder_depths=None)
-VAE_DIM = 64  # latent channels
 RATIOS = (8, 5, 5, 4, 2, 2)  # transposed-conv upsampling into stages 1..6: 3,200 samples per latent frame
 DEPTHS = (8, 3, 3, 3, 3, 3, 3)  # Block1D per stage (the encoder's "3-3-3-3-3-3-8" reversed)
 CONTEXT = 6  # stem, depthwise mixers and head: causal kernel 7, stride 1
@@ -161,7 +157,7 @@ def build_acoustic_tokenizer(seed: int = 0, checkpoint: str | None = None, **con
     return model
 
 
-# ----------------------------------------------------------------------- state binding
+# ------------------------------------------------------- the decoder's structure
 def structure_of(model) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(ratios, depths) of ``model``'s decoder: what the regions and clocks follow."""
     ratios, depths = tuple(model.decoder.ratios), tuple(model.decoder.depths)
@@ -184,104 +180,9 @@ def dims_of(model) -> dict[str, int]:
     return stage_dims(model.decoder.n_filters, len(model.decoder.depths), model.decoder.dimension)
 
 
-def check_declaration(model) -> None:
-    """Fail closed unless every streaming conv of ``model``'s decoder is a declared carry
-    with the declared channels, context and stride (and no other conv uses the cache)."""
-    up = upstream_modules()
-    carries, dims = conv_carries(*structure_of(model)), dims_of(model)
-    convs = {f"decoder.{n}" for n, m in model.decoder.named_modules()
-             if isinstance(m, (up["SConv1d"], up["SConvTranspose1d"]))}
-    extra = sorted(convs - {c.module for c in carries})
-    if extra:
-        raise DeclarationError(f"VibeVoice's decoder has streaming convs {extra[:3]} that no region carries")
-    for c in carries:
-        try:
-            conv = model.get_submodule(c.module)
-        except AttributeError:
-            raise DeclarationError(f"region {c.region!r}: VibeVoice's decoder has no {c.module}") from None
-        window = isinstance(c.retention, Window)
-        cls = "SConvTranspose1d" if window else "SConv1d"
-        if not isinstance(conv, up[cls]):
-            raise DeclarationError(f"region {c.region!r}: {c.module} is a {type(conv).__name__}, declared {cls}")
-        got = (conv.in_channels, conv.context_size, conv.stride, bool(conv.causal))
-        want = (dims[c.shape[1]], c.retention.retain if window else c.shape[2],
-                (c.retention.retain + 1) // 2 if window else 1, True)
-        if got != want:
-            raise DeclarationError(f"region {c.region!r}: {c.module} has (in_channels, context_size, stride, causal) "
-                                   f"= {got}, the declaration {want}: upstream's conv cache differs from vibevoice "
-                                   f"{UPSTREAM_VERSION}'s; declare this version's carries")
-
-
 def layer_carries(model) -> dict[str, Carry]:
     """Upstream's cache key (``layer_id``, from the module's id) of each declared conv -> its carry."""
     return {model.get_submodule(c.module).layer_id: c for c in conv_carries(*structure_of(model))}
-
-
-@functools.lru_cache(maxsize=None)
-def arena_cache_class():
-    """``ArenaCache``: upstream's ``VibeVoiceTokenizerStreamingCache`` over one step's state."""
-
-    class ArenaCache(upstream_modules()["Cache"]):
-        """``get`` returns the region's tensor as given (an arena view: no stack, no copy);
-        ``set`` records the next state in ``next_state``.  Each declared conv must write
-        its region once, at the declared next extent (a ``Fixed`` carry keeps its shape,
-        a ``Window`` grows by the step's input frames up to ``retain``); anything else
-        is a ``DeclarationError`` naming the region, so a changed upstream fails closed."""
-
-        def __init__(self, layers: Mapping[str, Carry], state: Mapping[str, torch.Tensor]):
-            super().__init__()
-            self.layers, self.state, self.next_state = layers, state, {}
-
-        def _carry(self, layer_id: str) -> Carry:
-            if layer_id not in self.layers:
-                raise DeclarationError(f"VibeVoice's decoder used cache entry {layer_id!r}, no declared region's")
-            return self.layers[layer_id]
-
-        def get(self, layer_id, sample_indices):
-            return self.state[self._carry(layer_id).region]
-
-        def set(self, layer_id, sample_indices, states):
-            c = self._carry(layer_id)
-            old = tuple(self.state[c.region].shape)
-            want = old
-            if isinstance(c.retention, Window):  # grows by the step's input frames, up to retain
-                want = (*old[:2], min(old[2] + c.step_frames, c.retention.retain))
-            if c.region in self.next_state or tuple(states.shape) != want:
-                twice = " twice" if c.region in self.next_state else ""
-                raise DeclarationError(f"region {c.region!r}: upstream wrote {tuple(states.shape)}{twice} after a "
-                                       f"step from {old}; the declaration holds {want}")
-            self.next_state[c.region] = states
-
-    return ArenaCache
-
-
-def decode_step(model, layers: Mapping[str, Carry], latent: torch.Tensor, state: Mapping[str, torch.Tensor],
-                sample_indices: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Upstream's streaming ``decode`` of one latent frame on ``state`` -> (audio [1, samples], next state).
-
-    ``sample_indices`` ([0]) only satisfies upstream's checks; ``ArenaCache`` ignores it."""
-    cache = arena_cache_class()(layers, state)
-    audio = model.decode(latent, cache=cache, sample_indices=sample_indices, use_cache=True)
-    missing = [c.region for c in layers.values() if c.region not in cache.next_state]
-    if missing:
-        raise DeclarationError(f"VibeVoice's decode wrote no cache entry for regions {missing[:3]}; upstream's "
-                               f"streaming cache use differs from vibevoice {UPSTREAM_VERSION}'s")
-    return audio[0], cache.next_state
-
-
-def latent_tensor(latent, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """One latent frame as ``decode`` takes it: [1, 64, 1] (or [1, 1, 64], as VibeVoice's
-    generate passes it), of the decoder's dtype and device -> [1, 64, 1]."""
-    if not isinstance(latent, torch.Tensor):
-        raise InputError(f"a VibeVoice latent is a tensor [1, {VAE_DIM}, 1]; got {type(latent).__name__}")
-    if tuple(latent.shape) not in ((1, VAE_DIM, 1), (1, 1, VAE_DIM)):
-        raise InputError(f"one VibeVoice step decodes one latent frame [1, {VAE_DIM}, 1] (or [1, 1, {VAE_DIM}]); "
-                         f"got shape {tuple(latent.shape)}")
-    if latent.dtype != dtype:
-        raise InputError(f"the latent is {latent.dtype}; this decoder runs {dtype}: cast it first")
-    if latent.device != device:
-        raise InputError(f"the latent is on {latent.device}; this decoder runs on {device}: move it first")
-    return latent.reshape(1, VAE_DIM, 1).contiguous()
 
 
 def synthetic_latents(n_frames: int, seed: int = 0, dtype=torch.float32,
@@ -291,19 +192,17 @@ def synthetic_latents(n_frames: int, seed: int = 0, dtype=torch.float32,
     return [(torch.randn(1, VAE_DIM, 1, generator=g).to(device=device, dtype=dtype), False) for _ in range(n_frames)]
 
 
-class _Stream:
+class VibeVoiceStream(FrameStream):
     """What the stock and optimized decoders share: one latent frame in, 3,200 samples out."""
 
-    def stream(self, latent, last_chunk: bool = False, return_waveform: bool = False):
-        if last_chunk:
-            raise InputError("VibeVoice's decoder has no flush step: every latent frame is one decode")
-        self.last_speech = self._decode(latent_tensor(latent, self.dtype, self.device))  # [1, 3200] float
-        wav = self.last_speech.float().cpu().numpy()
-        return wav if return_waveform else pcm_bytes(wav)
+    family = "VibeVoice's decoder"
+
+    def _frame(self, latent) -> torch.Tensor:
+        return latent_tensor(latent, self.dtype, self.device)  # [1, 64, 1]
 
 
 @native_clock(**vibevoice_declaration())
-class VibeVoiceDecoder(_Stream):
+class VibeVoiceDecoder(VibeVoiceStream):
     """The stock streaming decoder: ``model.decode(latent, cache=..., use_cache=True)``
     with upstream's ``VibeVoiceTokenizerStreamingCache``, one latent frame a call.
 
@@ -343,103 +242,3 @@ class VibeVoiceDecoder(_Stream):
         """Bytes the cache keeps alive: each entry is a view of its step's whole concatenated input."""
         return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
                     for t in self.cache.cache.values()}.values())
-
-
-# --------------------------------------------------------------------------- adapter
-class VibeVoiceAdapter(StreamingAdapter):
-    """The decode step over ``ArenaCache`` (``model=None``: planning only, released config
-    in ``dtype``)."""
-
-    def __init__(self, model, device="cpu", dtype: torch.dtype = torch.float32):
-        self.model, self._device, self._dtype = model, torch.device(device), dtype
-        if model is None:
-            self.declaration, self._dims = get_declaration(VibeVoiceDecoder), stage_dims()
-            self.carries = conv_carries()
-        else:
-            check_declaration(model)
-            self.declaration, self._dims = declaration_for(model), dims_of(model)
-            self.layers = layer_carries(model)
-            self.carries = tuple(self.layers.values())
-            self._indices = torch.zeros(1, dtype=torch.int64, device=self._device)
-        self.signature = StepSignature(inputs=("latent",), regions=tuple(c.region for c in self.carries),
-                                       outputs=("audio",))
-
-    def dims(self) -> dict[str, int]:
-        return dict(self._dims)
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self._dtype if self.model is None else next(self.model.parameters()).dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self._device
-
-    def input_specs(self) -> dict[str, TensorSpec]:
-        return {"latent": TensorSpec.contiguous((1, VAE_DIM, 1), str(self.dtype).removeprefix("torch."),
-                                                 str(self.device))}
-
-    def example_inputs(self) -> dict[str, torch.Tensor]:
-        return {"latent": synthetic_latents(1, dtype=self.dtype, device=self.device)[0][0]}
-
-    def bind(self, buffers: Mapping[str, torch.Tensor]):
-        def step(inputs, state):
-            audio, next_state = decode_step(self.model, self.layers, inputs["latent"], state, self._indices)
-            return {"audio": audio}, next_state
-        return step
-
-    def setup(self, buffers: Mapping[str, torch.Tensor]) -> None:
-        """Zeros at catalog entry 0: upstream's zero context, every window empty."""
-        return None
-
-    def fallback(self, inputs, state, **flags):
-        """Any step, eagerly, on the arena state (upstream allocates the next state; the session copies it in)."""
-        return self.bind({})(inputs, state)
-
-    def step_boundary(self):
-        """Rules SR: one decode is one step, so a step's graph is the frame's graph (as SRc)."""
-        return lambda node: "decode"
-
-    def callable_verdicts(self) -> tuple:
-        k = max(c.retention.catalog_width(c.step_frames) for c in self.carries)
-        return (ScopeVerdict("decode", "callable", "in", f"latent [1, 64, 1]: every shape is a function of the "
-                             f"step index ({k} phases while the first upsampler's carry fills)"),
-                ScopeVerdict("encode", "callable", "out", "not declared: the encoder's cache is off the decode path"))
-
-    def stock_state_bytes(self) -> int:
-        """What upstream's cache keeps alive at steady state: each entry is a slice of its
-        step's concatenated input, so a conv pins channels x (context + step frames)."""
-        kept = sum(self._dims[c.shape[1]] * (getattr(c.retention, "retain", CONTEXT) + c.step_frames)
-                   for c in self.carries)
-        return kept * torch.empty((), dtype=self.dtype).element_size()
-
-
-def explain_adapter(device="cpu", dtype: torch.dtype = torch.float32) -> VibeVoiceAdapter:
-    """An adapter good for planning only: ``cadence-fx explain --model vibevoice`` builds no model."""
-    return VibeVoiceAdapter(None, device, dtype)
-
-
-class OptimizedVibeVoice(_Stream, SessionStream):
-    """Drop-in for ``VibeVoiceDecoder`` built by ``cadence_fx.optimize``: the step is traced
-    once per catalog entry; each stream (``reset()``) keeps every carry in one arena.
-    The model is shared with the stock decoder: upstream keeps no state on it."""
-
-    def __init__(self, decoder: VibeVoiceDecoder, rules: str = "S", progress=None):
-        from ..compiler import check_rules, compile_executable
-        self.rules = check_rules(rules, decoder.device)
-        if "S" not in self.rules:
-            from ..errors import RulesError
-            raise RulesError(f"rules {rules!r} (replay over stock-managed state) are not built for VibeVoice: "
-                             f"upstream's cache hands every conv a new tensor each step, so no stock state "
-                             f"sits at fixed addresses to replay over; use S, SR or SRc")
-        self.model = decoder.model
-        self.adapter = VibeVoiceAdapter(self.model, decoder.device)
-        self.executable = compile_executable(self.adapter, self.rules, progress)
-        self.reset()
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.adapter.dtype
-
-    def _decode(self, latent: torch.Tensor) -> torch.Tensor:
-        return self.session.step({"latent": latent})["audio"]

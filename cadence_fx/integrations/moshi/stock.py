@@ -22,20 +22,16 @@ import copy
 import functools
 from typing import Any, Mapping
 
-import numpy as np
 import torch
 
-from ..adapter import StreamingAdapter
-from ..annotations import Clock, Fixed, Region, Ring, get_declaration, native_clock
-from ..errors import DeclarationError, InputError
-from ..step import StepSignature
-from ..plan import ScopeVerdict, TensorSpec
-from .session_stream import SessionStream
-from .upstream import import_submodule, module_constants
+from ...annotations import Clock, Fixed, Region, Ring, native_clock
+from ..frames import FrameStream
+from ..upstream import import_submodule, module_constants
+from .inputs import CARDINALITY, N_Q, codes_tensor
 
 UPSTREAM_DISTRIBUTION = "moshi"
 UPSTREAM_VERSION = "0.2.13"  # the version these declarations and tests were checked against
-N_Q, CARDINALITY, FRAME_SAMPLES = 8, 2048, 1920  # codebooks decoded, ids per codebook, 24 kHz / 12.5 Hz
+FRAME_SAMPLES = 1920  # 24 kHz / 12.5 Hz
 LAYERS, CONTEXT = 8, 250  # decoder transformer layers, RingKVCache capacity (released config)
 DIMS = {"layers": LAYERS, "heads": 8, "head_dim": 64, "streaming_states": 39}
 ATTN = "decoder_transformer.transformer.layers.{}.self_attn"
@@ -136,7 +132,7 @@ def build_mimi(seed: int = 0, checkpoint: str | None = None):
     return mimi
 
 
-# ----------------------------------------------------------------------- state binding
+# ------------------------------------------------ where moshi keeps the decode's state
 def decode_streaming_modules(mimi) -> list[tuple[str, Any]]:
     """(name, module) of every streaming module a decode touches, in module order."""
     streaming = upstream_modules()["StreamingModule"]
@@ -188,56 +184,23 @@ def streaming_twin(mimi):
     return out
 
 
-def check_declaration(mimi) -> None:
-    """Fail closed unless ``mimi``'s decode-path state is exactly the declared regions."""
-    for i in range(LAYERS):
-        attn = mimi.get_submodule(ATTN.format(i))
-        if attn.weights_per_step or len(attn.in_projs) != 1:
-            raise DeclarationError(f"{ATTN.format(i)} has weights per step: it reads the host-side "
-                                   f"offset_cpu, a clock phase this declaration does not carry")
-    from ..compiler import build_plan  # the declared shapes, exec_mask's count of streaming modules included
-    slots = {s.name: s for s in build_plan(explain_adapter()).layout.slots}
-    for region, t in read_state(streaming_twin(mimi)).items():
-        want = (slots[region].shape, slots[region].dtype)
-        if (tuple(t.shape), str(t.dtype).removeprefix("torch.")) != want:
-            raise DeclarationError(f"Mimi's {region} is {t.dtype} {tuple(t.shape)}; the declaration (released "
-                                   f"config, moshi {UPSTREAM_VERSION}) holds {want}: declare this config's shapes")
-
-
-def codes_tensor(codes, device) -> torch.Tensor:
-    """One frame of codes -> int64 [1, 8, 1], checked (an out-of-range id is a CUDA assert)."""
-    t = torch.as_tensor(codes if isinstance(codes, torch.Tensor) else list(codes))
-    if t.is_floating_point() or t.is_complex() or t.numel() != N_Q:
-        raise InputError(f"one Mimi frame is {N_Q} integer codes; got {t.dtype} of shape {tuple(t.shape)}")
-    if bool(((t < 0) | (t >= CARDINALITY)).any()):
-        raise InputError(f"Mimi codes must be ints in [0, {CARDINALITY}); got {t.reshape(-1).tolist()}")
-    return t.reshape(1, N_Q, 1).to(device=device, dtype=torch.int64)
-
-
-def pcm_bytes(wav: np.ndarray) -> bytes:
-    """float [-1, 1] -> int16 little-endian (clip, scale by 32767), as for Token2Wav."""
-    return (np.clip(wav, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
-
-
 def synthetic_codes(n_frames: int, seed: int = 0) -> list[tuple[list[int], bool]]:
     """``n_frames`` seeded frames of 8 codes, as (codes, last) pairs."""
     codes = torch.randint(0, CARDINALITY, (n_frames, N_Q), generator=torch.Generator().manual_seed(30_000 + seed))
     return [(row.tolist(), False) for row in codes]
 
 
-class _Stream:
-    """What the stock and optimized decoders share: one frame of codes in, 1,920 samples out."""
+class MimiStream(FrameStream):
+    """What the stock and optimized decoders share: one frame of 8 codes in, 1,920 samples out."""
 
-    def stream(self, codes, last_chunk: bool = False, return_waveform: bool = False):
-        if last_chunk:
-            raise InputError("Mimi has no flush frame: every frame is one decode")
-        self.last_speech = self._decode(codes_tensor(codes, self.device))  # [1, 1920] float
-        wav = self.last_speech.cpu().numpy()
-        return wav if return_waveform else pcm_bytes(wav)
+    family = "Mimi"
+
+    def _frame(self, codes) -> torch.Tensor:
+        return codes_tensor(codes, self.device)  # [1, 8, 1] int64
 
 
 @native_clock(**MIMI_DECLARATION)
-class MimiDecoder(_Stream):
+class MimiDecoder(MimiStream):
     """The stock streaming decoder: ``mimi.decode`` inside ``mimi.streaming(1)``, a frame a call.
 
     ``stream(codes)`` takes 8 codes and returns 1,920 samples (int16 PCM bytes, or
@@ -315,93 +278,3 @@ class _CountedGraphed:
         self.counts["calls"] += 1
         self.counts["replays"] += self.graphed._graph is not None  # captured before this call: a replay
         return self.graphed(*args)
-
-
-# --------------------------------------------------------------------------- adapter
-class MimiAdapter(StreamingAdapter):
-    """The decode step on a streaming twin of the model (``mimi=None``: planning only)."""
-
-    signature = StepSignature(inputs=("codes",), regions=CARRIED, outputs=("pcm",))
-
-    def __init__(self, mimi, device="cpu"):
-        self.declaration = get_declaration(MimiDecoder)
-        self.mimi, self._device = mimi, torch.device(device)
-        if mimi is not None:
-            check_declaration(mimi)
-            self._eager = upstream_modules()["eager"]
-            with torch.no_grad(), self._eager():  # the codebooks' lazy _embedding, before any trace
-                mimi.quantizer.decode(torch.zeros(1, N_Q, 1, dtype=torch.int64, device=self._device))
-
-    def dims(self) -> dict[str, int]:
-        return dict(DIMS)
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return torch.float32
-
-    @property
-    def device(self) -> torch.device:
-        return self._device
-
-    def input_specs(self) -> dict[str, TensorSpec]:
-        return {"codes": TensorSpec.contiguous((1, N_Q, 1), "int64", str(self.device))}
-
-    def example_inputs(self) -> dict[str, torch.Tensor]:
-        return {"codes": codes_tensor(synthetic_codes(1)[0][0], self.device)}
-
-    def bind(self, buffers: Mapping[str, torch.Tensor]):
-        def step(inputs, state):
-            bind_state(self.mimi, state)
-            with self._eager():
-                pcm = self.mimi.decode(inputs["codes"])[0]
-            return {"pcm": pcm}, dict(state)  # the state, updated in place
-        return step
-
-    def setup(self, buffers: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """moshi's initial streaming state (zeros, exec masks on), read from a fresh twin."""
-        return read_state(streaming_twin(self.mimi))
-
-    def fallback(self, inputs, state, **flags):
-        """Any frame, eagerly, on the arena state itself (moshi updates it in place)."""
-        return self.bind({})(inputs, state)
-
-    def step_boundary(self):
-        """Rules R/SR: one decode is one step, so a step's graph is the frame's graph (as SRc)."""
-        return lambda node: "decode"
-
-    def callable_verdicts(self) -> tuple:
-        return (ScopeVerdict("decode", "callable", "in", "codes [1, 8, 1]: every offset is a device tensor, "
-                             "so one graph serves every frame, before and after the ring wraps"),
-                ScopeVerdict("encode", "callable", "out", "not declared: its state is off the decode path "
-                             "(stock streaming allocates it, the optimized decoder does not)"))
-
-    def stock_state_bytes(self) -> int:
-        """What ``mimi.streaming(1)`` holds for the same decode-path state (already demand-sized)."""
-        from ..plan import make_plan
-        return sum(s.nbytes for s in make_plan(self.declaration, self.dims(), self.input_specs()).layout.slots)
-
-
-def explain_adapter(device="cpu") -> MimiAdapter:
-    """An adapter good for planning only: ``cadence-fx explain --model mimi`` builds no model."""
-    return MimiAdapter(None, device)
-
-
-class OptimizedMimi(_Stream, SessionStream):
-    """Drop-in for ``MimiDecoder`` built by ``cadence_fx.optimize``: the step is traced
-    once; each stream (``reset()``) keeps its state in one arena, bound to a twin of
-    the module tree that shares the stock model's parameters."""
-
-    def __init__(self, decoder: MimiDecoder, rules: str = "S", progress=None):
-        from ..compiler import check_rules, compile_executable
-        self.rules = check_rules(rules, decoder.device)
-        if "S" not in self.rules:
-            from ..errors import RulesError
-            raise RulesError(f"rules {rules!r} (replay over stock-managed state) are not built for Mimi: moshi keeps "
-                             f"its state in streaming dataclasses, not module buffers; use S, SR or SRc")
-        self.mimi = streaming_twin(decoder.mimi)  # after the stock's warm-up: shares its _embedding
-        self.adapter = MimiAdapter(self.mimi, decoder.device)
-        self.executable = compile_executable(self.adapter, self.rules, progress)
-        self.reset()
-
-    def _decode(self, codes: torch.Tensor) -> torch.Tensor:
-        return self.session.step({"codes": codes})["pcm"]

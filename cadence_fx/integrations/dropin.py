@@ -1,0 +1,95 @@
+"""What every optimized drop-in shares: its rules, its executables, its default session.
+
+A family's drop-in (``OptimizedToken2Wav``, ``OptimizedMimi``, ``OptimizedVibeVoice``)
+stands in for the stock class and keeps its API.  ``DropIn`` holds what they all do
+the same way: the rules checked against the device, compiled executables cached by
+the family's key (Token2Wav: one per prompt length; the frame codecs: one), and the
+default session that the drop-in API drives (replaced by a new stream, read by
+``state``/``stats``, closed by ``close``).  ``OneExecutableDropIn`` adds what the frame
+codecs share: one adapter, one executable, and ``reset()`` for a new stream.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Hashable
+
+import torch
+
+from ..adapter import StreamingAdapter
+from ..compiler import check_rules, compile_executable, open_session
+from ..errors import RulesError
+from ..step import Rules
+
+
+class DropIn:
+    """Base of the drop-ins; a subclass calls ``__init__`` first and opens its streams
+    with ``_replace_session``."""
+
+    def __init__(self, rules: str, device: torch.device, progress: Callable[[str], None] | None = None):
+        self.rules = check_rules(rules, device)  # as given ("S", "SRc", ...): reports print it
+        self.progress = progress
+        self.session = None
+        self._executables: dict[Hashable, Any] = {}
+
+    @property
+    def stable_state(self) -> bool:
+        """Rule S: each stream's state lives in one arena (else stock-managed state)."""
+        return Rules.parse(self.rules).stable_state
+
+    def _require_stable_state(self, family: str, why: str) -> None:
+        if not self.stable_state:
+            raise RulesError(f"rules {self.rules!r} (replay over stock-managed state) are not built for {family}: "
+                             f"{why}; use S, SR or SRc")
+
+    def _executable(self, key: Hashable, adapter: StreamingAdapter):
+        """The executable for ``key``, compiled from ``adapter`` the first time (traced once)."""
+        if key not in self._executables:
+            self._executables[key] = compile_executable(adapter, self.rules, self.progress)
+        return self._executables[key]
+
+    def _replace_session(self, session) -> None:
+        """``session`` becomes the default stream; the one it replaces is closed (after the
+        new one is fully set up, so a failed set-up leaves the old stream usable)."""
+        if self.session is not None:
+            self.session.close()
+        self.session = session
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """Live views of the default stream's carried regions ({} before the first stream)."""
+        return self.session.state() if self.session is not None else {}
+
+    def stats(self) -> dict:
+        """The default stream's counters (steps, graph runs, replays, fallbacks by reason)."""
+        return self.session.stats() if self.session is not None else {}
+
+    @property
+    def arena_bytes(self) -> int:
+        """Bytes of the default stream's arena (0 without one: rules R/Rc keep no arena)."""
+        return self.session.arena.nbytes if self.session is not None and self.session.arena is not None else 0
+
+    @property
+    def state_bytes(self) -> int:
+        """Device memory the default stream holds for its state (rule S: the arena)."""
+        return self.session.state_bytes if self.session is not None else 0
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.close()
+
+
+class OneExecutableDropIn(DropIn):
+    """A drop-in whose streams all run one executable (Mimi, VibeVoice): set ``adapter``
+    with ``_compile``, which traces the step once and opens the first stream."""
+
+    def _compile(self, adapter: StreamingAdapter) -> None:
+        self.adapter = adapter
+        self.executable = self._executable("step", adapter)
+        self.reset()
+
+    @property
+    def device(self) -> torch.device:
+        return self.adapter.device
+
+    def reset(self) -> None:
+        """A new stream: a fresh arena (graphs captured on it under SR/SRc) holding the setup state."""
+        self._replace_session(open_session(self.executable, self.adapter))

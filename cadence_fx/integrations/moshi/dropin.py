@@ -1,0 +1,24 @@
+"""``OptimizedMimi``: the drop-in for ``MimiDecoder`` that ``cadence_fx.optimize`` builds."""
+
+from __future__ import annotations
+
+import torch
+
+from ..dropin import OneExecutableDropIn
+from .adapter import MimiAdapter
+from .stock import MimiDecoder, MimiStream, streaming_twin
+
+
+class OptimizedMimi(MimiStream, OneExecutableDropIn):
+    """Drop-in for ``MimiDecoder`` built by ``cadence_fx.optimize``: the step is traced
+    once; each stream (``reset()``) keeps its state in one arena, bound to a twin of
+    the module tree that shares the stock model's parameters."""
+
+    def __init__(self, decoder: MimiDecoder, rules: str = "S", progress=None):
+        super().__init__(rules, decoder.device, progress)
+        self._require_stable_state("Mimi", "moshi keeps its state in streaming dataclasses, not module buffers")
+        self.mimi = streaming_twin(decoder.mimi)  # after the stock's warm-up: shares its _embedding
+        self._compile(MimiAdapter(self.mimi, decoder.device))
+
+    def _decode(self, codes: torch.Tensor) -> torch.Tensor:
+        return self.session.step({"codes": codes})["pcm"]

@@ -1,0 +1,116 @@
+"""``OptimizedToken2Wav``: the drop-in for ``Token2WavTail`` that ``cadence_fx.optimize`` builds."""
+
+from __future__ import annotations
+
+import torch
+
+from ...compiler import build_plan, open_session
+from ...runtime.binding import rebind_buffers
+from ..dropin import DropIn
+from ..frames import speech_out
+from .adapter import STOCK_BUFFERS, Token2WavAdapter, module_buffer
+from .inputs import check_prompt
+from .session import Token2WavSession, step_chunk
+from .stock import StepConfig, Token2WavTail
+
+
+class OptimizedToken2Wav(DropIn):
+    """Drop-in for ``Token2WavTail`` built by ``cadence_fx.optimize``.
+
+    Shares the stock tail's parameters and ``rand_noise``.  With rule S it does not
+    share its state buffers: it keeps a module shell whose four over-provisioned
+    buffers are empty, and each stream's state lives in one arena sized from the
+    plan.  Rules R/Rc (replay over stock-managed state) keep private stock-sized
+    buffers instead, as a second stock model would.  Graphs are built on the first
+    ``set_stream_cache`` for a prompt length and reused for later streams of that
+    length.
+
+    Many streams on one set of weights: ``open_session(...)`` returns a
+    ``Token2WavSession`` with its own state (arena, or under R/Rc its own copies),
+    clock position, counters and captured graphs; the executables are shared by
+    prompt length.  The drop-in API (``set_stream_cache``/``stream``) drives one
+    default session.  Under R/Rc the sessions share the model's stock-sized buffers
+    as scratch, so they must not step concurrently.  Both APIs check their arguments
+    first (``inputs``) and copy the speaker vector: the caller may reuse its tensor.
+    """
+
+    def __init__(self, tail: Token2WavTail, rules: str = "S", progress=None):
+        super().__init__(rules, tail.device, progress)
+        self.n_timesteps, self.float16 = tail.n_timesteps, tail.float16
+        flow_paths = [p.removeprefix("flow.") for p in STOCK_BUFFERS]
+        self._stock_buffer_bytes = sum(module_buffer(tail.flow, p).nbytes for p in flow_paths)
+        if self.stable_state:
+            own = {p: torch.empty(0, device=tail.device) for p in flow_paths}  # the shell: no stock buffers
+        else:
+            own = {p: torch.zeros_like(module_buffer(tail.flow, p)) for p in flow_paths}
+        self.flow = rebind_buffers(tail.flow, own)
+        self.hift = tail.hift
+        self.speech_window = tail.speech_window
+        self.spk = None
+        self.prompt_frames = None
+        self._opened = 0  # sessions opened by open_session (for their names)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.flow.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float16 if self.float16 else torch.float32
+
+    def adapter_for(self, prompt_frames: int, spk: torch.Tensor) -> Token2WavAdapter:
+        """The adapter for streams of ``prompt_frames`` (its executable's key, with ``spk``'s spec)."""
+        cfg = StepConfig(prompt_frames, self.n_timesteps, self.float16, self.device.type)
+        return Token2WavAdapter(self.flow, self.hift, self.speech_window, cfg, spk, self._stock_buffer_bytes)
+
+    _adapter = adapter_for  # the name cadence_fx/cli.py calls (until it moves to adapter_for)
+
+    def executable(self, prompt_frames: int, spk: torch.Tensor):
+        """The executable for prompts of ``prompt_frames`` mel frames (traced on first use)."""
+        return self._executable((prompt_frames, tuple(spk.shape), spk.dtype), self.adapter_for(prompt_frames, spk))
+
+    def explain(self, prompt_frames: int) -> str:
+        spk = torch.zeros(1, 192, device=self.device)
+        return build_plan(self.adapter_for(prompt_frames, spk)).explain()
+
+    def _new_session(self, prompt_tokens: torch.Tensor, prompt_mels: torch.Tensor, spk: torch.Tensor):
+        """A set-up runtime session and its own copy of ``spk`` (both APIs construct sessions here only)."""
+        check_prompt(prompt_tokens, prompt_mels, spk, self.device, self.dtype)
+        spk = spk.clone(memory_format=torch.contiguous_format)  # the caller's tensor may change after
+        prompt_frames = int(prompt_mels.shape[1])
+        exe = self.executable(prompt_frames, spk)
+        return open_session(exe, self.adapter_for(prompt_frames, spk), prompt_tokens, prompt_mels, spk), spk
+
+    @torch.inference_mode()
+    def open_session(self, prompt_tokens: torch.Tensor, prompt_mels: torch.Tensor, spk: torch.Tensor,
+                     *, stream=None) -> Token2WavSession:
+        """A new stream on these weights: ``set_stream_cache`` without replacing any other stream.
+
+        ``stream`` (CUDA only; ignored on CPU): a ``torch.cuda.Stream`` this session's
+        steps are launched on, so several sessions' replays may overlap on one GPU
+        (``Token2WavSession.submit``).
+        """
+        session, spk = self._new_session(prompt_tokens, prompt_mels, spk)
+        self._opened += 1
+        return Token2WavSession(session, spk, int(prompt_mels.shape[1]), self.device,
+                                stream=stream, name=f"session {self._opened}")
+
+    @torch.inference_mode()
+    def set_stream_cache(self, prompt_tokens: torch.Tensor, prompt_mels: torch.Tensor, spk: torch.Tensor) -> None:
+        session, spk = self._new_session(prompt_tokens, prompt_mels, spk)
+        self._replace_session(session)  # the current stream stays usable until the new one is set up
+        self.spk, self.prompt_frames = spk, int(prompt_mels.shape[1])
+
+    @torch.inference_mode()
+    def stream(self, generated_speech_tokens, last_chunk: bool = False, return_waveform: bool = False):
+        if self.session is None:
+            raise ValueError("stream_cache is not set: call set_stream_cache(prompt_tokens, prompt_mels, spk) first")
+        self.last_speech = step_chunk(self.session, self.spk, self.device, generated_speech_tokens, last_chunk)
+        return speech_out(self.last_speech, return_waveform)
+
+    @property
+    def state_bytes(self) -> int:
+        """Device memory held for stream state: the arena (rule S), or the private
+        stock-sized buffers plus the session's state copies (rules R/Rc)."""
+        held = super().state_bytes
+        return held if self.stable_state else held + self._stock_buffer_bytes

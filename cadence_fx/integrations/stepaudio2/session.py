@@ -1,0 +1,117 @@
+"""One stream of an optimized Token2Wav: ``Token2WavSession`` and its submitted chunks.
+
+``OptimizedToken2Wav.open_session`` makes a session; its drop-in API
+(``set_stream_cache``/``stream``) drives a default one through the same ``step_chunk``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from ...errors import SessionClosed
+from ..frames import speech_out
+from .inputs import check_chunk, tokens_tensor
+
+
+class PendingChunk:
+    """One submitted chunk: its speech is on the device, maybe still being computed."""
+
+    def __init__(self, speech: torch.Tensor, stream):
+        self.speech, self._stream = speech, stream
+
+    def result(self, return_waveform: bool = False):
+        """Wait for the chunk (its own CUDA stream only) and return PCM bytes or the waveform."""
+        with _on_stream(self._stream):
+            return speech_out(self.speech, return_waveform)
+
+
+class Token2WavSession:
+    """One stream of an ``OptimizedToken2Wav``: ``open_session(...)`` makes it.
+
+    Per session: the arena (every carried region and scratch; rules R/Rc: copies of
+    the carried state), the clock position (region extents), the counters and, under
+    replay rules, the captured graphs (SR/SRc bind this arena by address) in their own
+    memory pool.  Shared by all sessions: the
+    weights and the executables (one per prompt length).  Not shared, and not held
+    per session: the random generators (HiFT draws noise from the global ones, as
+    upstream does), so a session's output depends on the generator state at each
+    call; seed before each chunk for reproducible output.
+    """
+
+    def __init__(self, session, spk: torch.Tensor, prompt_frames: int, device: torch.device,
+                 stream=None, name: str = "session"):
+        self.session, self.spk, self.prompt_frames, self.device = session, spk, prompt_frames, device
+        self.name = name
+        self.cuda_stream = stream if device.type == "cuda" else None
+        if self.cuda_stream is not None:
+            self.cuda_stream.wait_stream(torch.cuda.current_stream(device))  # setup ran on the current stream
+        self.last_speech: torch.Tensor | None = None
+        self._final_stats: dict | None = None
+
+    @property
+    def closed(self) -> bool:
+        return self.session is None
+
+    @torch.inference_mode()
+    def submit(self, tokens, last_chunk: bool = False) -> PendingChunk:
+        """Launch one chunk on this session's stream (CUDA) and return without waiting.
+
+        Every check (token ids, chunk length, closed session) runs on the host first:
+        a rejected chunk launches nothing and leaves the state as it was.
+        """
+        self._check_open("stream")
+        with _on_stream(self.cuda_stream):
+            self.last_speech = step_chunk(self.session, self.spk, self.device, tokens, last_chunk)
+        return PendingChunk(self.last_speech, self.cuda_stream)
+
+    def stream(self, tokens, last_chunk: bool = False, return_waveform: bool = False):
+        """Upstream's ``Token2wav.stream`` for this session: PCM bytes (or the waveform)."""
+        return self.submit(tokens, last_chunk).result(return_waveform)
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """Live views of the carried regions (no copies)."""
+        self._check_open("state")
+        return self.session.state()
+
+    def stats(self) -> dict:
+        """Counters (steps, graph runs, replays, fallbacks by reason); still readable after close."""
+        return self._final_stats if self.session is None else self.session.stats()
+
+    @property
+    def arena_bytes(self) -> int:
+        """Bytes of this session's state: its arena (rules R/Rc: its state copies)."""
+        return 0 if self.session is None else self.session.state_bytes
+
+    def close(self) -> None:
+        """Release the arena and graphs (once nothing else holds them); idempotent."""
+        if self.session is not None:
+            if self.cuda_stream is not None:
+                self.cuda_stream.synchronize()  # its arena and speaker vector are freed next
+            self._final_stats = self.session.stats()
+            self.session.close()
+            self.session = None
+            self.last_speech = None
+
+    def _check_open(self, what: str) -> None:
+        if self.session is None:
+            raise SessionClosed(f"{self.name} is closed (close() was called): {what}() needs an open session; "
+                                f"open a new one with OptimizedToken2Wav.open_session(prompt_tokens, prompt_mels, spk)")
+
+    def __repr__(self) -> str:
+        return f"Token2WavSession({self.name!r}, prompt_frames={self.prompt_frames}, closed={self.closed})"
+
+
+def _on_stream(stream):
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+
+def step_chunk(session, spk: torch.Tensor, device, tokens, last_chunk: bool) -> torch.Tensor:
+    """Check a chunk on the host (``inputs``), then run one step of ``session``; the speech tensor."""
+    if session.closed:
+        raise SessionClosed("the stream is closed (close() was called); start a new one with "
+                            "set_stream_cache(prompt_tokens, prompt_mels, spk) or open_session(...)")
+    token = tokens_tensor(tokens, device)
+    check_chunk(token.shape[1], last_chunk, session.state())
+    return session.step({"token": token, "spk": spk}, last_chunk=last_chunk)["speech"]

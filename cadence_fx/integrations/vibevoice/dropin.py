@@ -1,0 +1,29 @@
+"""``OptimizedVibeVoice``: the drop-in for ``VibeVoiceDecoder`` that ``cadence_fx.optimize`` builds."""
+
+from __future__ import annotations
+
+import torch
+
+from ..dropin import OneExecutableDropIn
+from .adapter import VibeVoiceAdapter
+from .stock import VibeVoiceDecoder, VibeVoiceStream
+
+
+class OptimizedVibeVoice(VibeVoiceStream, OneExecutableDropIn):
+    """Drop-in for ``VibeVoiceDecoder`` built by ``cadence_fx.optimize``: the step is traced
+    once per catalog entry; each stream (``reset()``) keeps every carry in one arena.
+    The model is shared with the stock decoder: upstream keeps no state on it."""
+
+    def __init__(self, decoder: VibeVoiceDecoder, rules: str = "S", progress=None):
+        super().__init__(rules, decoder.device, progress)
+        self._require_stable_state("VibeVoice", "upstream's cache hands every conv a new tensor each step, so no "
+                                   "stock state sits at fixed addresses to replay over")
+        self.model = decoder.model
+        self._compile(VibeVoiceAdapter(self.model, decoder.device))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.adapter.dtype
+
+    def _decode(self, latent: torch.Tensor) -> torch.Tensor:
+        return self.session.step({"latent": latent})["audio"]
