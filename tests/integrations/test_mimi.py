@@ -16,7 +16,8 @@ import sys
 import pytest
 import torch
 
-from cadence_fx import InputError, cli
+from cadence_fx import InputError
+from cadence_fx.tools import cli
 from cadence_fx.compiler import build_plan
 from cadence_fx.integrations.upstream import installed_version, module_constants
 from cadence_fx.verify import compare_streams

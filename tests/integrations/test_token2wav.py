@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import cadence_fx
-from cadence_fx import cli
+from cadence_fx.tools import cli
 from cadence_fx.compiler import build_plan
 from cadence_fx.integrations import stepaudio2 as s2
 from cadence_fx.integrations.upstream import installed_version

@@ -21,7 +21,8 @@ import pytest
 import torch
 
 import cadence_fx
-from cadence_fx import DeclarationError, InputError, TraceError, cli
+from cadence_fx import DeclarationError, InputError, TraceError
+from cadence_fx.tools import cli
 from cadence_fx.compiler import build_plan, preview_partition
 from cadence_fx.integrations import vibevoice as vv
 from cadence_fx.integrations.upstream import installed_version

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The GPU suite on the lent H200 (device tool), as its results are committed under docs/results/.
+# Run from the repository root there, with the upstream wheels carried in .whl/ (README of
+# docs/results says which): installs them, runs every `cuda`-marked test under the deterministic
+# protocol (tests/conftest.py fixes cuBLAS's workspace), and leaves in $OUT: gpu.txt (GPU, driver,
+# torch, date, commit), pytest-cuda.log, and suite.tgz (every verify report the tests kept).
+# Usage: COMMIT=<sha> [CADENCE_CELLS=...] [WORKERS=12] bash benchmarks/h200_suite.sh [pytest args...]
+set -uo pipefail
+out=${OUT:?set OUT to the folder that comes back}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  python3 -c "import torch, sys; print('torch', torch.__version__, 'python', sys.version.split()[0])"
+  echo "commit ${COMMIT:-unknown}"; date -u +%Y-%m-%dT%H:%M:%SZ; } > "$out/gpu.txt"
+mkdir -p /tmp/suite
+CADENCE_RESULTS_DIR=/tmp/suite timeout "${SUITE_TIMEOUT:-560}" python3 -m pytest -m cuda tests -n "${WORKERS:-12}" --durations=40 -rs \
+  -p no:cacheprovider "$@" 2>&1 | tee "$out/pytest-cuda.log"
+rc=${PIPESTATUS[0]}
+tar czf "$out/suite.tgz" -C /tmp suite
+exit "$rc"
