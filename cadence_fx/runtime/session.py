@@ -359,9 +359,13 @@ class Session:
             if t.untyped_storage().data_ptr() == full.untyped_storage().data_ptr():
                 t = t.clone()  # written from its own memory: read it out first
             writes[r] = view, t
+        # an arena made under inference mode (the drop-ins set streams up in it) takes in-place
+        # writes only there; restore()/load_state() may be called from outside it
+        inference = self.arena.storage.is_inference()
         try:  # from here on only the copies: the one window in which a failure leaves part written
-            for view, t in writes.values():
-                view.copy_(t)
+            with torch.inference_mode(inference):
+                for view, t in writes.values():
+                    view.copy_(t)
             self.extents.update(extents)
         except BaseException as e:  # interrupted part-way (e.g. KeyboardInterrupt): some regions written
             self._break(e)
