@@ -77,7 +77,18 @@ def test_optimized_model_does_not_keep_the_stock_buffer_alive():
     assert opt.flow.decoder.estimator.blocks[0].attn.to_q.weight is q_weight  # shared, not copied
 
 
-def test_verify_cli_rule_s_default_configuration_is_exact(capsys):
+@pytest.fixture(scope="module")
+def released_default():
+    """The released default configuration (5 steps, prompt 50, seed 0) built and traced once
+    for this module's two CLI runs (verify, then demo): the registry keeps what a command built
+    and hands it to the next command of the same configuration."""
+    from cadence_fx.tools import registry
+    registry.reuse_built_models()
+    yield
+    registry.reuse_built_models(False)
+
+
+def test_verify_cli_rule_s_default_configuration_is_exact(released_default, capsys):
     code = cli.main(["verify", "--model", "token2wav", "--rules", "S", "--device", "cpu",
                      "--chunks", "8", "--json", "--quiet"])
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -203,8 +214,8 @@ def test_replay_rules_are_exact_on_cuda(capsys, rules, dtype, steps):
     assert all(r.startswith(graph) for r in routes[:-1]), routes
 
 
-def test_demo_writes_two_identical_wavs(tmp_path, capsys):
-    code = cli.main(["demo", "--chunks", "2", "--prompt-tokens", "5", "--out", str(tmp_path), "--json"])
+def test_demo_writes_two_identical_wavs(released_default, tmp_path, capsys):
+    code = cli.main(["demo", "--chunks", "2", "--out", str(tmp_path), "--json"])
     out = capsys.readouterr()
     report = json.loads(out.out.strip().splitlines()[-1])
     assert code == 0 and report["exact"] is True and report["rules"] == "S"
