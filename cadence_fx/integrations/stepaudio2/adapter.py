@@ -18,7 +18,7 @@ from ...adapter import StreamingAdapter
 from ...annotations import get_declaration
 from ...plan import ScopeVerdict, TensorSpec
 from ...runtime.binding import rebind_buffers
-from ...step import StepSignature, scope
+from ...step import StepSignature, scope, scopes
 from .stock import (CARRIED, CHUNK_TOKENS, LOOKAHEAD_TOKENS, MEL_CACHE_LEN, MEL_PER_TOKEN, RETAIN_FRAMES,
                     SOURCE_CACHE_LEN, VOCAB, StepConfig, Token2WavTail, setup_step, stream_step)
 
@@ -95,7 +95,7 @@ class Token2WavAdapter(StreamingAdapter):
 
     def step_boundary(self):
         """Per-step graphs (rules R/SR): one per DiT estimator call, one per stretch between."""
-        return lambda node: "estimator" in node.meta.get("cadence_scope", ())
+        return lambda node: "estimator" in scopes(node)
 
     def callable_verdicts(self) -> tuple:
         return (
