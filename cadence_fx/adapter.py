@@ -46,13 +46,23 @@ class StreamingAdapter:
         """Valid per-step inputs to trace with (values are not baked into graphs)."""
         raise NotImplementedError
 
-    def bind(self, buffers: Mapping[str, torch.Tensor]) -> StepFn:
+    def bind(self, buffers: Mapping[str, torch.Tensor], dims: Mapping[str, Any] | None = None) -> StepFn:
         """The upstream step on modules whose region-bound buffers are replaced.
 
         ``buffers`` maps a module buffer path (as declared in ``Region.buffers``,
         e.g. ``"flow.decoder.att_cache_buffer"``) to the tensor that replaces it.
+        ``dims``, when given, overrides some of ``dims()`` for this step: a symbolic
+        trace passes ``torch.SymInt`` values for ``symbolic_dims()`` (the step must use
+        them as it uses the ints, never ``int()`` them).
         """
         raise NotImplementedError
+
+    def symbolic_dims(self) -> tuple[str, ...]:
+        """Dims (of ``dims()``) that vary between streams of one model and that ``bind``
+        accepts symbolically: the compiler traces each catalog entry once for every value
+        of them (``passes.trace_symbolic``) and specializes per stream configuration.
+        ``()``: one concrete trace per configuration."""
+        return ()
 
     def stock_buffers(self) -> dict[str, torch.Tensor]:
         """The model's own tensors for every declared buffer path (rules R/Rc, which keep

@@ -28,7 +28,7 @@ import torch.fx as fx
 
 from .adapter import StreamingAdapter
 from .annotations import Declaration
-from .errors import RulesError, TraceError
+from .errors import RulesError, SpecializationRefused, TraceError
 from .passes.base import PassManager, this_before_that
 from .passes.early_writeback import EarlyWriteback
 from .passes.fold_host_constants import FoldHostConstants
@@ -36,9 +36,12 @@ from .passes.lower_cudagraph import LowerCudaGraph
 from .passes.partition import Partition
 from .passes.prune_dead import PruneDead
 from .passes.state_rewrite import RegionBinding, StateRewrite
+from .passes.specialize import specialize
 from .passes.trace import trace_step
+from .passes.trace_symbolic import trace_symbolic
 from . import step as meta
 from .plan import CatalogEntry, Plan, TensorSpec, make_plan
+from .programs import NotAffine, ProgramStore, symbolic_key, symbolic_shapes
 from .runtime.arena import Arena
 from .runtime.graphs import CapturedRegion
 from .runtime.session import EntryProgram, Executable, Session, StockStateSession
@@ -65,8 +68,9 @@ def _rules(rules: "str | Rules") -> Rules:
     return Rules.STOCK if isinstance(rules, str) and rules == "" else Rules.parse(rules)
 
 
-def build_plan(adapter: StreamingAdapter) -> Plan:
-    return make_plan(adapter.declaration, adapter.dims(), adapter.input_specs(),
+def build_plan(adapter: StreamingAdapter, dims: "dict[str, int] | None" = None) -> Plan:
+    """The adapter's plan (at ``dims`` instead of ``adapter.dims()`` when given)."""
+    return make_plan(adapter.declaration, adapter.dims() if dims is None else dims, adapter.input_specs(),
                      dtype=str(adapter.dtype).removeprefix("torch."), device=str(adapter.device),
                      stock_state_bytes=adapter.stock_state_bytes(),
                      extra_verdicts=adapter.callable_verdicts())
@@ -118,14 +122,24 @@ def buffer_bindings(declaration: Declaration, arena: Arena) -> dict[str, torch.T
 
 
 def compile_executable(adapter: StreamingAdapter, rules: "str | Rules" = "S",
-                       progress: Callable[[str], None] | None = None) -> Executable:
+                       progress: Callable[[str], None] | None = None,
+                       programs: ProgramStore | None = None) -> Executable:
+    """Trace, rewrite and lower every catalog entry of ``adapter``'s plan.
+
+    ``programs``: the model's ``ProgramStore``.  With one, and an adapter with
+    ``symbolic_dims()``, rules with S trace each entry once symbolically and every
+    configuration after the first is a specialization (seconds); without one, or where
+    a symbolic trace or its guards refuse, the entry is traced at its exact shapes.
+    ``notes["setup"]`` says per entry which happened, why, and what it cost.
+    """
     device = torch.device(adapter.device)
     check_rules(rules, device)
-    return _compile(adapter, rules, progress)
+    return _compile(adapter, rules, progress, programs)
 
 
 def _compile(adapter: StreamingAdapter, rules: "str | Rules",
-             progress: Callable[[str], None] | None = None) -> Executable:
+             progress: Callable[[str], None] | None = None,
+             programs: ProgramStore | None = None) -> Executable:
     """``compile_executable`` without the device check (``rules=""``: stock-state graphs, for tests)."""
     rules = _rules(rules)
     device = torch.device(adapter.device)
@@ -143,19 +157,27 @@ def _compile(adapter: StreamingAdapter, rules: "str | Rules",
         # Stock-managed state: the graphs write the model's own buffers, as stock does.
         scratch, by_region = None, {}
         step = adapter.bind(adapter.stock_buffers())
-    programs, notes = {}, {"trace_s": {}, "rewrite": {}}
+    entries, notes = {}, {"trace_s": {}, "rewrite": {}, "setup": {}}
     carried = tuple(r for r in sig.regions)
     devices = [device] if device.type == "cuda" else []
     stock_off_axis: dict[str, tuple[tuple[int, ...], str]] = {}  # rules R/Rc: see _stock_state_drift
     for entry in plan.catalog:
         t0 = time.perf_counter()
-        say(f"tracing catalog entry {entry.index + 1}/{len(plan.catalog)} (steps {entry.steps})")
+        setup = {"how": "traced", "trace_s": 0.0, "specialize_s": 0.0}
+        gm = None
+        if rules.stable_state and programs is not None and adapter.symbolic_dims():
+            gm = _specialized(adapter, plan, entry, by_region, programs, setup, say)
         with torch.random.fork_rng(devices=devices):
             for attempt in range(3):
+                if gm is not None:
+                    break
+                say(f"tracing catalog entry {entry.index + 1}/{len(plan.catalog)} (steps {entry.steps})")
                 specs = _state_specs(plan, entry, carried, stock_off_axis)
                 example_state = {r: torch.zeros(specs[r].shape, dtype=getattr(torch, specs[r].dtype), device=device)
                                  for r in carried}
+                t_trace = time.perf_counter()
                 gm = trace_step(step, sig, adapter.example_inputs(), example_state, by_region)
+                setup["trace_s"] += round(time.perf_counter() - t_trace, 3)
                 drift = {} if rules.stable_state else _stock_state_drift(gm, plan, specs)
                 if not drift:
                     break
@@ -164,18 +186,82 @@ def _compile(adapter: StreamingAdapter, rules: "str | Rules",
                                      f"returns {drift} after tracing with {stock_off_axis}")
                 say(f"stock-managed state differs from its declaration off the growth axis: {drift}; re-tracing")
                 stock_off_axis.update(drift)
+                gm = None
+            specs = _state_specs(plan, entry, carried, stock_off_axis)
+            t_passes = time.perf_counter()
             bindings = region_bindings(plan, entry)
             pipeline = rewrite_pipeline(bindings, rules, device.type, adapter.step_boundary())
             gm, results = pipeline(gm)
+            setup["passes_s"] = round(time.perf_counter() - t_passes, 3)
         notes["trace_s"][entry.index] = round(time.perf_counter() - t0, 3)
+        notes["setup"][entry.index] = setup
         notes["rewrite"][entry.index] = "; ".join(f"{type(p).__name__}: {r.record}"
                                                    for p, r in zip(pipeline.passes, results))
         nxt = {b.name: b.extent_out for b in bindings if b.carried}
         kind = "cudagraph" if rules.replays else "graph"
-        programs[entry.index] = EntryProgram(entry, gm, meta.arena_inputs(gm), nxt, kind,
-                                             None if rules.stable_state else specs)
+        entries[entry.index] = EntryProgram(entry, gm, meta.arena_inputs(gm), nxt, kind,
+                                            None if rules.stable_state else specs)
     del step
-    return Executable(plan, programs, sig.inputs, sig.outputs, carried, rules, notes, spare_arena=scratch)
+    notes["setup_s"] = _setup_totals(notes["setup"])
+    return Executable(plan, entries, sig.inputs, sig.outputs, carried, rules, notes, spare_arena=scratch)
+
+
+def _setup_totals(per_entry: dict) -> dict:
+    """Seconds spent tracing, specializing and in the passes, over every entry."""
+    keys = ("trace_s", "specialize_s", "passes_s")
+    out = {k: round(sum(e.get(k, 0.0) for e in per_entry.values()), 3) for k in keys}
+    out["total_s"] = round(sum(out.values()), 3)
+    return out
+
+
+def _specialized(adapter: StreamingAdapter, plan: Plan, entry: CatalogEntry, by_region: dict,
+                 programs: ProgramStore, setup: dict, say) -> "fx.GraphModule | None":
+    """The entry's graph specialized from the model's symbolic step (traced here if new);
+    ``None`` (with ``setup["reason"]``) where it cannot serve: the caller traces concretely."""
+    sig = adapter.signature
+    device = torch.device(adapter.device)
+    symbolic = tuple(adapter.symbolic_dims())
+    dims = dict(adapter.dims())
+    fixed = {d: v for d, v in dims.items() if d not in symbolic}
+    inputs = {n: (tuple(t.shape), t.dtype) for n, t in adapter.example_inputs().items()}
+    key = symbolic_key(entry.index, entry.steps, inputs, fixed, str(adapter.dtype), str(device),
+                       ",".join(sorted(by_region)))
+    why = programs.refused(key)
+    if why is not None:
+        setup["reason"] = why
+        return None
+    sym = programs.get(key)
+    if sym is None:
+        try:
+            state_shapes, slot_shapes = symbolic_shapes(lambda d: build_plan(adapter, d), dims, symbolic,
+                                                        entry.index, tuple(sig.regions), tuple(by_region))
+            say(f"tracing catalog entry {entry.index + 1}/{len(plan.catalog)} (steps {entry.steps}) once for "
+                f"every {', '.join(symbolic)}")
+            buffers = {r: (slot_shapes[r], by_region[r].dtype, adapter.declaration.region(r).buffers)
+                       for r in by_region}
+            state = {r: (state_shapes[r], getattr(torch, entry.regions[r].dtype)) for r in sig.regions}
+            sym = trace_symbolic(adapter.bind, sig, {d: dims[d] for d in symbolic}, inputs, state, buffers, device)
+        except (NotAffine, TraceError) as e:
+            programs.refuse(key, f"{type(e).__name__}: {e}")
+            setup["reason"] = f"{type(e).__name__}: {e}"
+            return None
+        programs.put(key, sym)
+        setup["how"] = "traced symbolic, specialized"
+        setup["trace_s"] = sym.trace_s
+    else:
+        setup["how"] = "specialized"
+    t0 = time.perf_counter()
+    tensors = {f"in_{n}": t for n, t in adapter.example_inputs().items()}
+    tensors.update({f"state_{r}": torch.zeros(entry.regions[r].shape, dtype=getattr(torch, entry.regions[r].dtype),
+                                              device=device) for r in sig.regions})
+    try:
+        gm = specialize(sym, {d: dims[d] for d in symbolic}, tensors, by_region)
+    except SpecializationRefused as e:
+        setup["how"], setup["reason"] = "traced", f"{e}"
+        say(f"entry {entry.index + 1}: the symbolic trace does not serve {dims}: {e}; tracing these shapes")
+        return None
+    setup["specialize_s"] = round(time.perf_counter() - t0, 3)
+    return gm
 
 
 def _state_specs(plan: Plan, entry: CatalogEntry, carried: tuple[str, ...],

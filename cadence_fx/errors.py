@@ -48,3 +48,10 @@ class SessionBroken(CadenceError, RuntimeError):
 
     Every later step refuses with this error (naming the original one, also its
     ``__cause__``) until ``restore(snapshot)`` or ``load_state(...)`` sets a whole state."""
+
+
+class SpecializationRefused(CadenceError, RuntimeError):
+    """A symbolic step cannot serve these sizes (a guard fails, a shape disagrees).
+
+    Never raised to a user: the compiler traces the entry concretely instead and
+    counts the reason (``Executable.notes["setup"]``)."""

@@ -112,6 +112,7 @@ EXAMPLE_INPUTS = "cadence_example_inputs"  # gm.meta: input tensors to run the g
 DEVICE = "cadence_device"  # gm.meta: the torch.device it was traced on (trace)
 ARENA_INPUTS = "cadence_arena_inputs"  # gm.meta: regions bound to arena placeholders, in order (state_rewrite)
 CAPTURABLE = "cadence_capturable"  # a partitioned child's meta: may it be one CUDA graph (partition)
+SYM = "cadence_sym"  # node.meta: the sympy expression a symbolic trace's int/bool node computes (trace_symbolic)
 
 
 class Role(str, enum.Enum):
@@ -120,6 +121,8 @@ class Role(str, enum.Enum):
     INPUT = "input"  # placeholder: a per-step input; field ``name`` (trace)
     STATE = "state"  # placeholder: carried state; ``name`` (trace; state_rewrite removes it)
     BUFFER = "buffer"  # get_attr: a module buffer bound to ``region`` (trace; state_rewrite removes it)
+    #   (a placeholder in a symbolic trace; specialize makes it the get_attr)
+    DIM = "dim"  # placeholder of a symbolic trace: its size is dim ``name`` (trace_symbolic; specialize removes it)
     FOLDED = "folded"  # get_attr: a host constant evaluated once, ``from`` the node it replaced
     ARENA = "arena"  # placeholder: ``region``'s whole arena view (state_rewrite)
     STATE_VIEW = "state_view"  # the old state of ``region``, a view of its arena (state_rewrite)

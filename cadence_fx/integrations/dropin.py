@@ -18,6 +18,7 @@ import torch
 from ..adapter import StreamingAdapter
 from ..compiler import check_rules, compile_executable, open_session
 from ..errors import RulesError
+from ..programs import ProgramStore
 from ..step import Rules
 
 
@@ -30,6 +31,9 @@ class DropIn:
         self.progress = progress
         self.session = None
         self._executables: dict[Hashable, Any] = {}
+        #: symbolic steps shared by every stream configuration of this model (one trace
+        #: per catalog entry serves every prompt length: see ``compile_executable``)
+        self.programs = ProgramStore()
 
     @property
     def stable_state(self) -> bool:
@@ -44,7 +48,7 @@ class DropIn:
     def _executable(self, key: Hashable, adapter: StreamingAdapter):
         """The executable for ``key``, compiled from ``adapter`` the first time (traced once)."""
         if key not in self._executables:
-            self._executables[key] = compile_executable(adapter, self.rules, self.progress)
+            self._executables[key] = compile_executable(adapter, self.rules, self.progress, self.programs)
         return self._executables[key]
 
     def _replace_session(self, session) -> None:

@@ -9,6 +9,7 @@ runs any chunk eagerly on private buffers (``fallback``) and marks each DiT call
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Mapping
 
 import numpy as np
@@ -64,12 +65,17 @@ class Token2WavAdapter(StreamingAdapter):
         token = torch.randint(0, VOCAB, (1, CHUNK_TOKENS + LOOKAHEAD_TOKENS), generator=g, dtype=torch.int32)
         return {"token": token.to(self.device), "spk": self.spk}
 
-    def bind(self, buffers: Mapping[str, torch.Tensor]):
+    def symbolic_dims(self) -> tuple[str, ...]:
+        """A voice prompt's length varies between streams: one trace serves every length."""
+        return ("prompt_frames",)
+
+    def bind(self, buffers: Mapping[str, torch.Tensor], dims: Mapping[str, int] | None = None):
         flow = rebind_buffers(self.flow, _flow_buffers(buffers))
         _mark_estimator_calls(flow)
+        cfg = dataclasses.replace(self.cfg, **dims) if dims else self.cfg
 
         def step(inputs, state, last_chunk: bool = False):
-            return stream_step(flow, self.hift, self.window, self.cfg, inputs, state, last_chunk)
+            return stream_step(flow, self.hift, self.window, cfg, inputs, state, last_chunk)
         return step
 
     def stock_buffers(self) -> dict[str, torch.Tensor]:

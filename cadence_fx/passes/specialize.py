@@ -1,0 +1,201 @@
+"""specialize: a symbolic step (``trace_symbolic``) at concrete dims -> the graph ``trace`` records.
+
+Given the dims' values and the tensors each placeholder takes (example inputs and
+state at the entry's extents, the arena views the buffers are bound to):
+
+1. every placeholder's shape, evaluated at the dims, must be the given tensor's, and
+   every guard the symbolic trace recorded must hold; otherwise
+   ``SpecializationRefused`` names the first that does not (the compiler then traces
+   concretely: never a graph outside its guards);
+2. each int/bool node becomes its value (its ``step.SYM`` expression at the dims);
+   runtime asserts on them are checked and dropped; the ``dim_*`` markers go;
+3. each ``buf_<region>`` placeholder becomes a ``get_attr`` of the bound tensor,
+   tagged ``Role.BUFFER`` as ``trace`` tags it;
+4. ``FakeTensorProp`` records every node's value at the concrete shapes (one fake
+   mode), and slices that keep their whole input (``slice(x, d, 0, >= size, 1)``,
+   which a symbolic trace records where Python indexing at known sizes records
+   nothing) are dropped.
+
+The result is node for node the graph ``trace`` records at those shapes (up to
+node names), checked in ``tests/passes/test_specialize.py``; it runs no model code.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+import torch.fx as fx
+
+from ..errors import SpecializationRefused
+from .. import step as meta
+from ..step import Role
+from .trace_symbolic import SymbolicStep, SymTensor
+
+_ASSERTS = {getattr(torch.ops.aten, n).default for n in ("_assert_scalar", "sym_constrain_range",
+                                                        "sym_constrain_range_for_size")
+            if hasattr(torch.ops.aten, n)}
+
+
+def check_binding(sym: SymbolicStep, dims: Mapping[str, int],
+                  tensors: Mapping[str, torch.Tensor]) -> dict:
+    """The symbols' values; raises ``SpecializationRefused`` on a shape, dtype or guard that disagrees."""
+    if set(dims) != set(sym.dims):
+        raise SpecializationRefused(f"dims {sorted(dims)} are not the symbolic step's {sorted(sym.dims)}")
+    import sympy
+    binding = {sym.symbols[d]: sympy.Integer(int(v)) for d, v in dims.items()}
+    for p in sym.placeholders:
+        if p.name.startswith("dim_"):
+            continue
+        t = tensors.get(p.name)
+        if t is None:
+            raise SpecializationRefused(f"no tensor for placeholder {p.name}")
+        want = tuple(_value(s, binding, p.name) for s in p.shape)
+        if tuple(t.shape) != want or t.dtype != p.dtype:
+            raise SpecializationRefused(f"{p.name} is {tuple(t.shape)} {t.dtype}; the symbolic step at {dict(dims)} "
+                                        f"takes {want} {p.dtype}")
+    for g in sym.guards:
+        ok = _value(g, binding, "a guard")
+        if ok is not True:
+            raise SpecializationRefused(f"guard {g} does not hold at {dict(dims)}")
+    return binding
+
+
+def _value(expr, binding: Mapping, what: str):
+    """``expr`` (an int, or a sympy expression over the symbols) at ``binding``: int, float or bool."""
+    if isinstance(expr, (bool, int, float)):
+        return expr
+    from sympy.logic.boolalg import BooleanAtom
+    v = expr.xreplace(binding)
+    if isinstance(v, (bool, int)):  # the whole expression was one symbol
+        return v
+    if isinstance(v, BooleanAtom):
+        return bool(v)
+    if getattr(v, "is_Integer", False):
+        return int(v)
+    if getattr(v, "is_Number", False):
+        return float(v)
+    raise SpecializationRefused(f"{what}: {expr} is not a number at {binding} ({v})")
+
+
+def specialize(sym: SymbolicStep, dims: Mapping[str, int], tensors: Mapping[str, torch.Tensor],
+               buffers: Mapping[str, torch.Tensor]) -> fx.GraphModule:
+    """The concrete graph of ``sym`` at ``dims``.
+
+    ``tensors``: placeholder name (``in_*``, ``state_*``) -> a tensor of the shape and
+    dtype it takes (values unused; the inputs are kept as ``step.EXAMPLE_INPUTS``);
+    ``buffers``: region -> the tensor its buffers are bound to (an arena view).
+    """
+    named = dict(tensors)
+    named.update({f"buf_{r}": t for r, t in buffers.items()})
+    binding = check_binding(sym, dims, named)
+
+    graph = fx.Graph()
+    remap: dict[fx.Node, fx.Node] = {}
+    out = graph.graph_copy(sym.gm.graph, remap)
+    graph.output(out)
+    gm = fx.GraphModule(sym.gm, graph)
+
+    for node in list(gm.graph.nodes):  # 2. int/bool nodes -> values
+        value = node.meta.get(meta.SYM)
+        if node.op != "placeholder" and value is not None and not isinstance(value, (SymTensor, list, tuple)):
+            _replace_with_constant(node, _value(value, binding, node.name))
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target in _ASSERTS:
+            if node.args and node.args[0] is not True and node.target is torch.ops.aten._assert_scalar.default:
+                raise SpecializationRefused(f"runtime assert {node.args[1:] or node.name} fails at {dict(dims)}")
+            gm.graph.erase_node(node)
+    for node in list(gm.graph.nodes):  # markers, then buffers
+        if node.op == "placeholder" and meta.role(node) is Role.DIM:
+            if node.users:
+                raise SpecializationRefused(f"{node.name} is used by {list(node.users)} after binding the dims")
+            gm.graph.erase_node(node)
+    first = next(n for n in gm.graph.nodes if n.op != "placeholder")
+    for node in list(gm.graph.nodes):
+        if node.op == "placeholder" and meta.role(node) is Role.BUFFER:
+            region = meta.region(node)
+            attr = f"_cadence_buffer_{region}"
+            setattr(gm, attr, buffers[region])
+            with gm.graph.inserting_before(first):
+                get = gm.graph.create_node("get_attr", attr)  # a plain attribute, as make_fx makes its constants
+            get.meta.update({k: v for k, v in node.meta.items() if k != "val"})
+            meta.tag(get, Role.BUFFER, region=region)
+            node.replace_all_uses_with(get)
+            gm.graph.erase_node(node)
+
+    _record_values(gm, binding)
+    _drop_whole_slices(gm)
+    sig = meta.signature(sym.gm)
+    gm.meta[meta.SIGNATURE] = sig
+    gm.meta[meta.DEVICE] = meta.traced_device(sym.gm)
+    gm.meta[meta.EXAMPLE_INPUTS] = [tensors[f"in_{n}"].clone() for n in sig.inputs]
+    gm.graph.lint()
+    gm.recompile()
+    return gm
+
+
+def _replace_with_constant(node: fx.Node, value) -> None:
+    for user in list(node.users):
+        user.args = _sub(user.args, node, value)
+        user.kwargs = _sub(user.kwargs, node, value)
+    node.graph.erase_node(node)
+
+
+def _sub(a, node, value):
+    if a is node:
+        return value
+    if isinstance(a, tuple):
+        return tuple(_sub(x, node, value) for x in a)
+    if isinstance(a, list):
+        return [_sub(x, node, value) for x in a]
+    if isinstance(a, dict):
+        return {k: _sub(v, node, value) for k, v in a.items()}
+    if isinstance(a, slice):
+        return slice(_sub(a.start, node, value), _sub(a.stop, node, value), _sub(a.step, node, value))
+    return a
+
+
+def _record_values(gm: fx.GraphModule, binding: Mapping) -> None:
+    """Every node's ``meta["val"]``: a fake tensor of its concrete size, stride and offset
+    (one fake mode), as ``trace`` records them; the plain symbolic value is dropped."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    mode = FakeTensorMode(allow_non_fake_inputs=True, allow_fallback_kernels=True)
+
+    def concrete(v):
+        if isinstance(v, SymTensor):
+            shape = [_value(x, binding, "a size") for x in v.shape]
+            stride = [_value(x, binding, "a stride") for x in v.stride]
+            offset = _value(v.offset, binding, "an offset")
+            span = 0 if 0 in shape else 1 + sum((n - 1) * st for n, st in zip(shape, stride))
+            with mode:
+                base = torch.empty(offset + span, dtype=v.dtype, device=v.device)
+                return base.as_strided(shape, stride, offset)
+        if isinstance(v, (list, tuple)):
+            return type(v)(concrete(x) for x in v)
+        return None if v is None else _value(v, binding, "a value")
+
+    for node in gm.graph.nodes:
+        if meta.SYM in node.meta:
+            node.meta["val"] = concrete(node.meta.pop(meta.SYM))
+
+
+def _drop_whole_slices(gm: fx.GraphModule) -> int:
+    dropped = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not torch.ops.aten.slice.Tensor:
+            continue
+        src = node.args[0]
+        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+        start = node.args[2] if len(node.args) > 2 else node.kwargs.get("start")
+        end = node.args[3] if len(node.args) > 3 else node.kwargs.get("end")
+        step = node.args[4] if len(node.args) > 4 else node.kwargs.get("step", 1)
+        val, sval = node.meta.get("val"), src.meta.get("val") if isinstance(src, fx.Node) else None
+        if not (isinstance(val, torch.Tensor) and isinstance(sval, torch.Tensor)):
+            continue
+        size = sval.shape[dim]
+        if (start in (None, 0) and (end is None or end >= size) and step == 1
+                and tuple(val.shape) == tuple(sval.shape) and val.stride() == sval.stride()):
+            node.replace_all_uses_with(src)
+            gm.graph.erase_node(node)
+            dropped += 1
+    return dropped

@@ -1,0 +1,12 @@
+"""Traced programs kept across stream configurations (and, with ``disk``, across processes).
+
+``ProgramStore`` holds one optimized model's symbolic steps (``passes.trace_symbolic``)
+by key, so that every prompt length after the first is a specialization, and records
+how each catalog entry got its graph.  ``shapes`` derives the affine sizes a
+symbolic trace needs from the pure plan.
+"""
+
+from .store import ProgramStore, symbolic_key
+from .shapes import symbolic_shapes, NotAffine
+
+__all__ = ["ProgramStore", "symbolic_key", "symbolic_shapes", "NotAffine"]

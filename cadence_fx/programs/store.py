@@ -1,0 +1,49 @@
+"""``ProgramStore``: one optimized model's symbolic steps, and how each entry got its graph."""
+
+from __future__ import annotations
+
+import threading
+from typing import Hashable, Mapping
+
+from ..passes.trace_symbolic import SymbolicStep
+
+
+def symbolic_key(entry_index: int, entry_steps: str, inputs: Mapping[str, tuple], fixed_dims: Mapping[str, int],
+                 dtype: str, device: str, placement: str) -> tuple:
+    """What a symbolic step depends on besides its symbolic dims (plain, hashable data)."""
+    return (entry_index, entry_steps, tuple(sorted((n, tuple(s), str(d)) for n, (s, d) in inputs.items())),
+            tuple(sorted(fixed_dims.items())), dtype, device, placement)
+
+
+class ProgramStore:
+    """Symbolic steps by ``symbolic_key``; a key whose symbolic trace failed is remembered
+    (with its reason) so the next configuration does not try again.  Thread-safe."""
+
+    def __init__(self):
+        self._steps: dict[Hashable, SymbolicStep] = {}
+        self._refused: dict[Hashable, str] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable) -> SymbolicStep | None:
+        with self._lock:
+            return self._steps.get(key)
+
+    def put(self, key: Hashable, step: SymbolicStep) -> None:
+        with self._lock:
+            self._steps[key] = step
+
+    def refuse(self, key: Hashable, reason: str) -> None:
+        with self._lock:
+            self._refused[key] = reason
+
+    def refused(self, key: Hashable) -> str | None:
+        with self._lock:
+            return self._refused.get(key)
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    def describe(self) -> list[str]:
+        with self._lock:
+            return [f"entry {k[0]} ({k[1]}): {s.describe()}" for k, s in self._steps.items()] + \
+                   [f"entry {k[0]} ({k[1]}): traced per configuration: {why}" for k, why in self._refused.items()]
