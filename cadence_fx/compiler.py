@@ -255,7 +255,7 @@ def _specialized(adapter: StreamingAdapter, plan: Plan, entry: CatalogEntry, by_
     tensors.update({f"state_{r}": torch.zeros(entry.regions[r].shape, dtype=getattr(torch, entry.regions[r].dtype),
                                               device=device) for r in sig.regions})
     try:
-        gm = specialize(sym, {d: dims[d] for d in symbolic}, tensors, by_region)
+        gm = specialize(sym, {d: dims[d] for d in symbolic}, tensors, by_region, recompile=False)
     except SpecializationRefused as e:
         setup["how"], setup["reason"] = "traced", f"{e}"
         say(f"entry {entry.index + 1}: the symbolic trace does not serve {dims}: {e}; tracing these shapes")

@@ -174,6 +174,19 @@ def view_root(node: fx.Node) -> fx.Node:
     return node
 
 
+def view_roots(gm: fx.GraphModule) -> dict[fx.Node, fx.Node]:
+    """``view_root`` of every node, in one walk (each node's root is its source's)."""
+    roots: dict[fx.Node, fx.Node] = {}
+    for node in gm.graph.nodes:
+        src = node.args[0] if node.args else None
+        if (node.op == "call_function" and isinstance(src, fx.Node) and src in roots
+                and (is_view(node) or returns_written(node))):
+            roots[node] = roots[src]
+        else:
+            roots[node] = node
+    return roots
+
+
 def has_side_effect(node: fx.Node) -> bool:
     return node.op in ("placeholder", "output") or is_random(node) or is_mutating(node) or node.is_impure()
 

@@ -49,7 +49,7 @@ import torch.fx as fx
 from .. import step as meta
 from ..errors import PassError
 from ..step import Role
-from .base import CadencePass, PassResult, view_root, written_args
+from .base import CadencePass, PassResult, view_roots, written_args
 
 
 def _groups(gm: fx.GraphModule) -> dict[str, list[fx.Node]]:
@@ -67,17 +67,19 @@ def _arena(gm: fx.GraphModule, region: str) -> fx.Node:
     raise PassError(f"early_writeback: write-back of {region!r} but no arena placeholder for it")
 
 
-def _latest_dependency(gm: fx.GraphModule, group: Sequence[fx.Node], arena: fx.Node) -> fx.Node:
-    """The last node the group must follow."""
+def _latest_dependency(gm: fx.GraphModule, group: Sequence[fx.Node], arena: fx.Node,
+                       root_of: dict[fx.Node, fx.Node] | None = None) -> fx.Node:
+    """The last node the group must follow (``root_of``: ``view_roots(gm)``, computed if not given)."""
+    root_of = view_roots(gm) if root_of is None else root_of
     members = set(group)
     sources = [a for n in group for a in n.all_input_nodes if a not in members]
-    roots = {view_root(a) for a in sources if a is not arena}
+    roots = {root_of[a] for a in sources if a is not arena}
     must_follow = set(sources)
     for n in gm.graph.nodes:
         if n in members or n.op in ("placeholder", "output"):
             continue
-        touches = any(view_root(a) is arena for a in n.all_input_nodes)
-        writes_source = any(view_root(w) in roots for w in written_args(n))
+        touches = any(root_of[a] is arena for a in n.all_input_nodes)
+        writes_source = any(root_of[w] in roots for w in written_args(n))
         if touches or writes_source:
             must_follow.add(n)
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
@@ -108,9 +110,10 @@ class EarlyWriteback(CadencePass):
 
     def call(self, gm: fx.GraphModule) -> PassResult:
         moved: dict[str, int] = {}
+        root_of = view_roots(gm)  # moving nodes changes their order, not what they alias
         for region, group in _groups(gm).items():
             order = {n: i for i, n in enumerate(gm.graph.nodes)}
-            anchor = _latest_dependency(gm, group, _arena(gm, region))
+            anchor = _latest_dependency(gm, group, _arena(gm, region), root_of)
             if order[group[0]] <= order[anchor] + 1:
                 continue  # already right after what it depends on
             skipped = order[group[0]] - order[anchor] - 1
@@ -123,8 +126,9 @@ class EarlyWriteback(CadencePass):
 
     def ensures(self, gm: fx.GraphModule) -> None:
         order = {n: i for i, n in enumerate(gm.graph.nodes)}
+        root_of = view_roots(gm)
         for region, group in _groups(gm).items():
-            anchor = _latest_dependency(gm, group, _arena(gm, region))
+            anchor = _latest_dependency(gm, group, _arena(gm, region), root_of)
             if order[group[0]] <= order[anchor]:
                 raise PassError(f"early_writeback: the write-back of {region!r} comes before {anchor.name}")
         if self.check_hazards and self.bindings:

@@ -79,12 +79,14 @@ def _value(expr, binding: Mapping, what: str):
 
 
 def specialize(sym: SymbolicStep, dims: Mapping[str, int], tensors: Mapping[str, torch.Tensor],
-               buffers: Mapping[str, torch.Tensor]) -> fx.GraphModule:
+               buffers: Mapping[str, torch.Tensor], recompile: bool = True) -> fx.GraphModule:
     """The concrete graph of ``sym`` at ``dims``.
 
     ``tensors``: placeholder name (``in_*``, ``state_*``) -> a tensor of the shape and
     dtype it takes (values unused; the inputs are kept as ``step.EXAMPLE_INPUTS``);
     ``buffers``: region -> the tensor its buffers are bound to (an arena view).
+    ``recompile=False`` leaves the module's code stale for a caller whose passes
+    regenerate it (``PassManager`` does, once, after the last pass).
     """
     named = dict(tensors)
     named.update({f"buf_{r}": t for r, t in buffers.items()})
@@ -123,14 +125,15 @@ def specialize(sym: SymbolicStep, dims: Mapping[str, int], tensors: Mapping[str,
             node.replace_all_uses_with(get)
             gm.graph.erase_node(node)
 
-    _record_values(gm, binding)
+    _record_values(gm, binding, sym)
     _drop_whole_slices(gm)
     sig = meta.signature(sym.gm)
     gm.meta[meta.SIGNATURE] = sig
     gm.meta[meta.DEVICE] = meta.traced_device(sym.gm)
     gm.meta[meta.EXAMPLE_INPUTS] = [tensors[f"in_{n}"].clone() for n in sig.inputs]
     gm.graph.lint()
-    gm.recompile()
+    if recompile:
+        gm.recompile()
     return gm
 
 
@@ -155,21 +158,31 @@ def _sub(a, node, value):
     return a
 
 
-def _record_values(gm: fx.GraphModule, binding: Mapping) -> None:
-    """Every node's ``meta["val"]``: a fake tensor of its concrete size, stride and offset
-    (one fake mode), as ``trace`` records them; the plain symbolic value is dropped."""
+def _record_values(gm: fx.GraphModule, binding: Mapping, sym: SymbolicStep) -> None:
+    """Every node's ``meta["val"]``: a fake tensor of its concrete size, stride and offset,
+    as ``trace`` records them (built from a meta tensor: no fake dispatch per node).  A
+    value with no symbol in it is the same at every binding: built once per symbolic
+    step and shared (passes only read a value's layout)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
-    mode = FakeTensorMode(allow_non_fake_inputs=True, allow_fallback_kernels=True)
+    static = sym.__dict__.setdefault("_static_values", {})
+    mode = static.get("mode")
+    if mode is None:
+        mode = static["mode"] = FakeTensorMode(allow_non_fake_inputs=True, allow_fallback_kernels=True)
 
     def concrete(v):
         if isinstance(v, SymTensor):
+            if v in static:
+                return static[v]
             shape = [_value(x, binding, "a size") for x in v.shape]
             stride = [_value(x, binding, "a stride") for x in v.stride]
             offset = _value(v.offset, binding, "an offset")
             span = 0 if 0 in shape else 1 + sum((n - 1) * st for n, st in zip(shape, stride))
-            with mode:
-                base = torch.empty(offset + span, dtype=v.dtype, device=v.device)
-                return base.as_strided(shape, stride, offset)
+            base = torch.empty(offset + span, dtype=v.dtype, device="meta")
+            fake = mode.fake_tensor_converter.from_meta_and_device(mode, base.as_strided(shape, stride, offset),
+                                                                   v.device)
+            if not _free(v):
+                static[v] = fake
+            return fake
         if isinstance(v, (list, tuple)):
             return type(v)(concrete(x) for x in v)
         return None if v is None else _value(v, binding, "a value")
@@ -177,6 +190,10 @@ def _record_values(gm: fx.GraphModule, binding: Mapping) -> None:
     for node in gm.graph.nodes:
         if meta.SYM in node.meta:
             node.meta["val"] = concrete(node.meta.pop(meta.SYM))
+
+
+def _free(v: SymTensor) -> bool:
+    return any(not isinstance(x, int) for x in (*v.shape, *v.stride, v.offset))
 
 
 def _drop_whole_slices(gm: fx.GraphModule) -> int:

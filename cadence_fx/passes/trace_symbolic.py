@@ -226,11 +226,9 @@ def _guards(shape_env, symbols: Mapping[str, object]) -> tuple:
     for sym in ours:
         vr = shape_env.var_to_range.get(sym)
         if vr is not None:
-            lo, hi = vr.lower, vr.upper
-            if getattr(lo, "is_finite", False) or isinstance(lo, int):
-                out.append(sympy.Ge(sym, lo))
-            if getattr(hi, "is_finite", False) or isinstance(hi, int):
-                out.append(sympy.Le(sym, hi))
+            for bound, rel in ((vr.lower, sympy.Ge), (vr.upper, sympy.Le)):
+                if str(bound) not in ("oo", "-oo", "int_oo", "-int_oo"):  # an unbounded side holds
+                    out.append(rel(sym, int(bound)))
         rep = shape_env.replacements.get(sym)
         if rep is not None:
             out.append(sympy.Eq(sym, rep))

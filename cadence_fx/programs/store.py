@@ -43,6 +43,10 @@ class ProgramStore:
     def __len__(self) -> int:
         return len(self._steps)
 
+    def items(self) -> list[tuple[Hashable, SymbolicStep]]:
+        with self._lock:
+            return list(self._steps.items())
+
     def describe(self) -> list[str]:
         with self._lock:
             return [f"entry {k[0]} ({k[1]}): {s.describe()}" for k, s in self._steps.items()] + \

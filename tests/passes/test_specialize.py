@@ -1,0 +1,126 @@
+"""trace_symbolic + specialize, pinned on a six-line step with a growing cache.
+
+The step appends two frames to a cache of ``prompt + 3`` frames, keeps the
+prompt and the last four once longer than 8 frames (a guard: ``prompt + 5 > 8``),
+and writes the cache into a bound buffer of ``prompt + 10`` frames.  One symbolic
+trace serves every prompt that satisfies its guards; each specialization is the
+graph ``trace_step`` records at those shapes, and runs bit-equal to eager.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from expecttest import TestCase
+
+from cadence_fx import step as meta
+from cadence_fx.errors import SpecializationRefused, TraceError
+from cadence_fx.passes.specialize import check_binding, specialize
+from cadence_fx.passes.trace import trace_step
+from cadence_fx.passes.trace_symbolic import trace_symbolic
+from cadence_fx.step import Role, StepSignature
+from helpers.graph_structure import structure
+
+SIG = StepSignature(inputs=("x",), regions=("cache",), outputs=("y",))
+F32 = torch.float32
+
+
+def bind(buffers, dims=None, prompt=None):
+    prompt = dims["prompt"] if dims else prompt
+    buf = buffers["buf"]
+
+    def step(inputs, state):
+        cache = torch.cat([state["cache"], inputs["x"]], dim=1)
+        if cache.shape[1] > 8:
+            cache = torch.cat([cache[:, :prompt], cache[:, -4:]], dim=1)
+        n = cache.shape[1]
+        buf[:, :n].copy_(cache)
+        return {"y": buf[:, :n] * 2}, {"cache": cache}
+    return step
+
+
+def symbolic(prompt: int = 6):
+    return trace_symbolic(bind, SIG, {"prompt": prompt}, {"x": ((1, 2), F32)},
+                          {"cache": ((1, ("prompt", 1, 3)), F32)},
+                          {"buf": ((1, ("prompt", 1, 10)), F32, ("buf",))}, torch.device("cpu"))
+
+
+def tensors(prompt: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return ({"in_x": torch.randn(1, 2, generator=g), "state_cache": torch.randn(1, prompt + 3, generator=g)},
+            {"buf": torch.zeros(1, prompt + 10)})
+
+
+def eager(prompt: int, t, buffers):
+    out, new = bind({"buf": buffers["buf"]}, prompt=prompt)({"x": t["in_x"]}, {"cache": t["state_cache"]})
+    return out["y"], new["cache"]
+
+
+class TestSpecialize(TestCase):
+    def test_one_trace_serves_every_prompt_its_guards_admit(self):
+        sym = symbolic(6)
+        self.assertEqual([p.name for p in sym.placeholders], ["dim_prompt", "in_x", "state_cache", "buf_buf"])
+        self.assertEqual([meta.role(n) for n in sym.gm.graph.nodes if n.op == "placeholder"],
+                         [Role.DIM, Role.INPUT, Role.STATE, Role.BUFFER])
+        self.assertIn("s", str(sym.placeholders[2].shape[1]))  # the cache's frames are symbolic
+        for prompt in (4, 6, 9, 40):
+            t, buffers = tensors(prompt, seed=prompt)
+            gm = specialize(sym, {"prompt": prompt}, t, buffers)
+            with torch.no_grad():
+                got = gm(t["in_x"], t["state_cache"])
+            want = eager(prompt, t, {"buf": torch.zeros(1, prompt + 10)})
+            self.assertTrue(all(torch.equal(a, b) for a, b in zip(got, want)), prompt)
+            self.assertTrue(torch.equal(buffers["buf"][:, :prompt + 4], want[1]))
+            self.assertFalse(any(isinstance(n.meta.get("val"), torch.SymInt) for n in gm.graph.nodes))
+
+    def test_specialized_graph_pinned_and_equal_to_a_concrete_trace(self):
+        sym = symbolic(6)
+        t, buffers = tensors(9)
+        gm = specialize(sym, {"prompt": 9}, t, buffers)
+        self.assertExpectedInline(gm.code.strip(), """\
+def forward(self, in_x, state_cache):
+    _cadence_buffer_buf = self._cadence_buffer_buf
+    cat = torch.ops.aten.cat.default([state_cache, in_x], 1);  state_cache = in_x = None
+    slice_1 = torch.ops.aten.slice.Tensor(cat, 1, 0, 9)
+    slice_2 = torch.ops.aten.slice.Tensor(cat, 1, -4, 9223372036854775807);  cat = None
+    cat_1 = torch.ops.aten.cat.default([slice_1, slice_2], 1);  slice_1 = slice_2 = None
+    slice_3 = torch.ops.aten.slice.Tensor(_cadence_buffer_buf, 1, 0, 13)
+    copy_ = torch.ops.aten.copy_.default(slice_3, cat_1);  slice_3 = copy_ = None
+    slice_4 = torch.ops.aten.slice.Tensor(_cadence_buffer_buf, 1, 0, 13);  _cadence_buffer_buf = None
+    mul = torch.ops.aten.mul.Tensor(slice_4, 2);  slice_4 = None
+    return (mul, cat_1)""")
+        concrete = trace_step(bind(buffers, prompt=9), SIG, {"x": t["in_x"]}, {"cache": t["state_cache"]},
+                              {"buf": buffers["buf"]})
+        self.assertEqual(structure(gm), structure(concrete))
+        [get] = [n for n in gm.graph.nodes if n.op == "get_attr"]
+        self.assertEqual(meta.tag_of(get), {"role": Role.BUFFER, "region": "buf"})
+        self.assertIs(getattr(gm, get.target), buffers["buf"])
+
+    def test_a_prompt_outside_the_guards_is_refused_by_name(self):
+        sym = symbolic(6)  # traced where the cache is trimmed: prompt + 5 > 8
+        t, buffers = tensors(3)
+        with pytest.raises(SpecializationRefused, match=r"guard .*\+ 5 > 8 does not hold at \{'prompt': 3\}"):
+            specialize(sym, {"prompt": 3}, t, buffers)
+        t, buffers = tensors(4)  # the smallest prompt it admits
+        specialize(sym, {"prompt": 4}, t, buffers)
+
+    def test_a_tensor_of_another_shape_or_dtype_is_refused(self):
+        sym = symbolic(6)
+        t, buffers = tensors(6)
+        bad = dict(t, state_cache=torch.zeros(1, 10))
+        with pytest.raises(SpecializationRefused, match=r"state_cache is \(1, 10\).*takes \(1, 9\)"):
+            check_binding(sym, {"prompt": 6}, {**bad, "buf_buf": buffers["buf"]})
+        with pytest.raises(SpecializationRefused, match="buf_buf"):
+            specialize(sym, {"prompt": 6}, t, {"buf": torch.zeros(1, 16, dtype=torch.float64)})
+        with pytest.raises(SpecializationRefused, match="dims"):
+            specialize(sym, {"other": 6}, t, buffers)
+
+    def test_a_data_dependent_step_is_not_traced_symbolically(self):
+        def reads_values(buffers, dims):
+            def step(inputs, state):
+                k = int(inputs["x"].sum().item() > 0)  # a host read of a value
+                return {"y": inputs["x"] * k}, {"cache": state["cache"]}
+            return step
+        with pytest.raises(TraceError, match="symbolic"):
+            trace_symbolic(reads_values, SIG, {"prompt": 6}, {"x": ((1, 2), F32)},
+                           {"cache": ((1, ("prompt", 1, 3)), F32)}, {}, torch.device("cpu"))
