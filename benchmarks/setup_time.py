@@ -133,6 +133,7 @@ def main(argv=None) -> int:
     p.add_argument("--control", default=None, help="also time a bench control, e.g. compile-ro")
     p.add_argument("--out", default=".")
     p.add_argument("--timeout", type=int, default=540)
+    p.add_argument("--skip-warm", action="store_true", help="no restarted-process row (no disk cache to test)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--cache-dir", default=None, help=argparse.SUPPRESS)
     p.add_argument("--run-control", default=None, help=argparse.SUPPRESS)
@@ -152,7 +153,7 @@ def main(argv=None) -> int:
               "command": " ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:]))}
     with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as inductor:
         cold = _child(args, ["--cache-dir", cache], {})
-        warm = _child(args, ["--cache-dir", cache], {})
+        warm = {"skipped": True} if args.skip_warm else _child(args, ["--cache-dir", cache], {})
         result["cold"], result["warm"] = cold, warm
         if "rows" in cold:
             result["first_setup_s"] = cold["rows"][0]["ready_s"]
