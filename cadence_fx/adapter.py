@@ -57,6 +57,10 @@ class StreamingAdapter:
         """
         raise NotImplementedError
 
+    def modules(self) -> dict[str, "torch.nn.Module"]:
+        """The model's modules (a symbolic trace checks it leaves their tensors as they were)."""
+        return {}
+
     def symbolic_dims(self) -> tuple[str, ...]:
         """Dims (of ``dims()``) that vary between streams of one model and that ``bind``
         accepts symbolically: the compiler traces each catalog entry once for every value

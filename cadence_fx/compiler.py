@@ -38,7 +38,7 @@ from .passes.prune_dead import PruneDead
 from .passes.state_rewrite import RegionBinding, StateRewrite
 from .passes.specialize import specialize
 from .passes.trace import trace_step
-from .passes.trace_symbolic import trace_symbolic
+from .passes.trace_symbolic import ModuleStateChanged, trace_symbolic
 from . import step as meta
 from .plan import CatalogEntry, Plan, TensorSpec, make_plan
 from .programs import NotAffine, ProgramStore, symbolic_key, symbolic_shapes
@@ -206,6 +206,16 @@ def _compile(adapter: StreamingAdapter, rules: "str | Rules",
     return Executable(plan, entries, sig.inputs, sig.outputs, carried, rules, notes, spare_arena=scratch)
 
 
+def _run_once(adapter: StreamingAdapter, entry: CatalogEntry, by_region: dict, device: torch.device) -> None:
+    """The step once, eagerly, on the scratch arena at the entry's shapes (generators forked)."""
+    state = {r: torch.zeros(entry.regions[r].shape, dtype=getattr(torch, entry.regions[r].dtype), device=device)
+             for r in adapter.signature.regions}
+    bound = {p: by_region[r.name] for r in adapter.declaration.regions for p in r.buffers if r.name in by_region}
+    devices = [device] if device.type == "cuda" else []
+    with torch.no_grad(), torch.random.fork_rng(devices=devices):
+        adapter.bind(bound)(adapter.example_inputs(), state)
+
+
 def _setup_totals(per_entry: dict) -> dict:
     """Seconds spent tracing, specializing and in the passes, over every entry."""
     keys = ("trace_s", "specialize_s", "passes_s")
@@ -240,7 +250,17 @@ def _specialized(adapter: StreamingAdapter, plan: Plan, entry: CatalogEntry, by_
             buffers = {r: (slot_shapes[r], by_region[r].dtype, adapter.declaration.region(r).buffers)
                        for r in by_region}
             state = {r: (state_shapes[r], getattr(torch, entry.regions[r].dtype)) for r in sig.regions}
-            sym = trace_symbolic(adapter.bind, sig, {d: dims[d] for d in symbolic}, inputs, state, buffers, device)
+            watch = tuple(adapter.modules().values())
+            trace = lambda: trace_symbolic(adapter.bind, sig, {d: dims[d] for d in symbolic}, inputs, state,  # noqa: E731
+                                           buffers, device, watch)
+            try:
+                sym = trace()
+            except ModuleStateChanged as e:
+                # a lazily built table (e.g. moved to the device on first use): run the step once for
+                # real on the scratch arena, which does that first use, and trace again
+                say(f"entry {entry.index + 1}: {e}; running the step once and tracing again")
+                _run_once(adapter, entry, by_region, device)
+                sym = trace()
         except (NotAffine, TraceError) as e:
             programs.refuse(key, f"{type(e).__name__}: {e}")
             setup["reason"] = f"{type(e).__name__}: {e}"

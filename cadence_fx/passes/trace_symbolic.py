@@ -87,16 +87,26 @@ def _size(s: Size, syms: Mapping[str, torch.SymInt]):
     return int(s)
 
 
+class ModuleStateChanged(TraceError):
+    """The step rebound a module's tensor while tracing on fake tensors (e.g. a table it
+    extends or moves to the input's device on first use).  The modules are restored;
+    running the step once for real does that first use, and a second trace records none."""
+
+
 def trace_symbolic(bind: Callable, signature: StepSignature, dims: Mapping[str, int],
                    inputs: Mapping[str, tuple[Shape, torch.dtype]], state: Mapping[str, tuple[Shape, torch.dtype]],
                    buffers: Mapping[str, tuple[Shape, torch.dtype, Sequence[str]]],
-                   device: torch.device) -> SymbolicStep:
+                   device: torch.device, watch: Sequence[torch.nn.Module] = ()) -> SymbolicStep:
     """Trace ``bind(buffers_by_path, dims) -> step`` once with ``dims`` symbolic.
 
     ``inputs``/``state``: name -> (shape, dtype), sizes ints or ``(dim, a, b)``;
     ``buffers``: region -> (shape, dtype, module buffer paths bound to it).  Raises
     ``TraceError`` if the step cannot be traced symbolically (e.g. it reads a tensor's
     values on the host, or needs an unbacked size): the caller then traces concretely.
+    ``watch``: the model's modules.  A step that rebinds one of their tensors while
+    tracing would leave a fake tensor in the model (and in the graph): they are put
+    back and ``ModuleStateChanged`` names the attribute.  A graph constant that is a
+    fake tensor is refused too.
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
@@ -143,6 +153,7 @@ def trace_symbolic(bind: Callable, signature: StepSignature, dims: Mapping[str, 
             raise TraceError(f"step returned undeclared state {sorted(unknown)}; declare a Region for each")
         return tuple(out[k] for k in signature.outputs) + tuple(new[k] for k in signature.regions)
 
+    before = _module_tensors(watch)
     try:
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
             gm = make_fx(flat, pre_dispatch=True, tracing_mode="symbolic", _allow_non_fake_inputs=True)(*args)
@@ -151,6 +162,15 @@ def trace_symbolic(bind: Callable, signature: StepSignature, dims: Mapping[str, 
     except Exception as e:
         raise TraceError(f"symbolic trace failed ({', '.join(dims)} free): {type(e).__name__}: "
                          f"{str(e).splitlines()[0] if str(e) else ''}") from e
+    finally:
+        changed = _restore(watch, before)
+    if changed:
+        raise ModuleStateChanged(f"the step rebound {', '.join(changed[:3])} while tracing on fake tensors "
+                                 f"(put back)")
+    from torch._subclasses.fake_tensor import FakeTensor
+    fake = [n.target for n in gm.graph.nodes if n.op == "get_attr" and isinstance(getattr(gm, n.target, None), FakeTensor)]
+    if fake:
+        raise TraceError(f"symbolic trace: constants {fake[:3]} are fake tensors (built while tracing and kept)")
 
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     specs = []
@@ -176,6 +196,43 @@ def trace_symbolic(bind: Callable, signature: StepSignature, dims: Mapping[str, 
     gm.graph.lint()
     return SymbolicStep(gm, {d: int(v) for d, v in dims.items()}, symbols, tuple(specs), guards,
                         buffer_regions, round(time.perf_counter() - t0, 3))
+
+
+_MISSING = object()
+
+
+def _module_tensors(modules: Sequence[torch.nn.Module]) -> dict:
+    """What each module holds (attributes, buffers, parameters), by (module, kind, name)."""
+    out = {}
+    for root in modules:
+        for m in root.modules():
+            for name, v in vars(m).items():
+                if not name.startswith("_"):
+                    out[(m, "attr", name)] = v
+            for kind in ("_buffers", "_parameters"):
+                for name, v in getattr(m, kind).items():
+                    out[(m, kind, name)] = v
+    return out
+
+
+def _restore(modules: Sequence[torch.nn.Module], before: dict) -> list[str]:
+    """Put back every tensor the trace bound or rebound on a module; the names of those it changed."""
+    if not modules:
+        return []
+    after = _module_tensors(modules)
+    changed = []
+    for key in before.keys() | after.keys():
+        old, new = before.get(key, _MISSING), after.get(key, _MISSING)
+        if old is new or not (isinstance(old, torch.Tensor) or isinstance(new, torch.Tensor)):
+            continue
+        m, kind, name = key
+        changed.append(f"{type(m).__name__}.{name}" + (" (new)" if not isinstance(old, torch.Tensor) else ""))
+        target = vars(m) if kind == "attr" else getattr(m, kind)
+        if old is _MISSING:
+            target.pop(name, None)
+        else:
+            target[name] = old
+    return sorted(changed)
 
 
 def _expr(v, shape_env):

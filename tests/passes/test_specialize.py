@@ -17,7 +17,7 @@ from cadence_fx import step as meta
 from cadence_fx.errors import SpecializationRefused, TraceError
 from cadence_fx.passes.specialize import check_binding, specialize
 from cadence_fx.passes.trace import trace_step
-from cadence_fx.passes.trace_symbolic import trace_symbolic
+from cadence_fx.passes.trace_symbolic import ModuleStateChanged, trace_symbolic
 from cadence_fx.step import Role, StepSignature
 from helpers.graph_structure import structure
 
@@ -124,3 +124,40 @@ def forward(self, in_x, state_cache):
         with pytest.raises(TraceError, match="symbolic"):
             trace_symbolic(reads_values, SIG, {"prompt": 6}, {"x": ((1, 2), F32)},
                            {"cache": ((1, ("prompt", 1, 3)), F32)}, {}, torch.device("cpu"))
+
+
+class Lazy(torch.nn.Module):
+    """Builds a table on first use and keeps it (as upstream's positional encodings move
+    themselves to the input's device on the first call)."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = None
+
+    def forward(self, x):
+        if self.table is None or self.table.dtype != x.dtype:
+            self.table = torch.ones(1, 2, dtype=x.dtype)
+        return x + self.table
+
+
+def test_a_step_that_rebinds_module_state_is_refused_and_the_module_put_back():
+    lazy = Lazy()
+
+    def bind_lazy(buffers, dims=None):
+        def step(inputs, state):
+            return {"y": lazy(inputs["x"])}, {"cache": state["cache"] * 1}
+        return step
+
+    def trace():
+        return trace_symbolic(bind_lazy, SIG, {"prompt": 6}, {"x": ((1, 2), F32)},
+                              {"cache": ((1, ("prompt", 1, 3)), F32)}, {}, torch.device("cpu"), watch=(lazy,))
+    with pytest.raises(ModuleStateChanged, match=r"rebound Lazy.table \(new\)"):
+        trace()
+    assert lazy.table is None  # no fake tensor left in the model
+    bind_lazy({})({"x": torch.zeros(1, 2)}, {"cache": torch.zeros(1, 9)})  # the first use, for real
+    real = lazy.table
+    sym = trace()
+    assert lazy.table is real
+    t = {"in_x": torch.randn(1, 2), "state_cache": torch.randn(1, 7)}
+    gm = specialize(sym, {"prompt": 4}, t, {})
+    assert torch.equal(gm(t["in_x"], t["state_cache"])[0], t["in_x"] + 1)

@@ -65,6 +65,9 @@ class Token2WavAdapter(StreamingAdapter):
         token = torch.randint(0, VOCAB, (1, CHUNK_TOKENS + LOOKAHEAD_TOKENS), generator=g, dtype=torch.int32)
         return {"token": token.to(self.device), "spk": self.spk}
 
+    def modules(self) -> dict[str, torch.nn.Module]:
+        return {"flow": self.flow, "hift": self.hift}
+
     def symbolic_dims(self) -> tuple[str, ...]:
         """A voice prompt's length varies between streams: one trace serves every length."""
         return ("prompt_frames",)
