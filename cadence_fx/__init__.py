@@ -7,6 +7,7 @@ at stable addresses (rule S) and, on CUDA, exact-shape graph replay (rule R).
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable
 
 from .annotations import ChunkPad, Clock, Fixed, Region, Ring, Unbounded, Window, get_declaration, native_clock
@@ -16,12 +17,18 @@ from .errors import (CadenceError, DeclarationError, InputError, PassError, Plan
 __version__ = "0.1.0"
 
 
-def optimize(model: Any, rules: str = "S", progress: Callable[[str], None] | None = None) -> Any:
+def optimize(model: Any, rules: str = "S", progress: Callable[[str], None] | None = None,
+             cache: "bool | str | os.PathLike" = True) -> Any:
     """A drop-in replacement for ``model`` with the same streaming API and output bits.
 
     ``rules``: "S" (demand-sized state at stable addresses; CPU or CUDA) or, on
     CUDA, "R", "SR", "Rc", "SRc" (exact-shape CUDA-graph replay, per step or per
     chunk).  Graphs are traced when a stream's configuration is first seen.
+
+    ``cache``: where traced programs are kept across processes (models whose
+    adapter has symbolic dims, e.g. Token2Wav's prompt length): True, the default
+    directory (``$CADENCE_FX_CACHE_DIR``, else ``$XDG_CACHE_HOME/cadence_fx`` or
+    ``~/.cache/cadence_fx``); a path, that directory; False, nowhere.
     """
     from .integrations import factory_for
     get_declaration(model)  # a clear error if the model declares no clocks
@@ -29,7 +36,7 @@ def optimize(model: Any, rules: str = "S", progress: Callable[[str], None] | Non
     if factory is None:
         raise CadenceError(f"no cadence_fx integration for {type(model).__name__}; "
                            "see docs/annotating.md for writing an adapter")
-    return factory(model, rules=rules, progress=progress)
+    return factory(model, rules=rules, progress=progress, cache=cache)
 
 
 __all__ = [

@@ -57,16 +57,27 @@ class StreamingAdapter:
         """
         raise NotImplementedError
 
-    def modules(self) -> dict[str, "torch.nn.Module"]:
-        """The model's modules (a symbolic trace checks it leaves their tensors as they were)."""
-        return {}
-
     def symbolic_dims(self) -> tuple[str, ...]:
         """Dims (of ``dims()``) that vary between streams of one model and that ``bind``
         accepts symbolically: the compiler traces each catalog entry once for every value
         of them (``passes.trace_symbolic``) and specializes per stream configuration.
         ``()``: one concrete trace per configuration."""
         return ()
+
+    def modules(self) -> dict[str, torch.nn.Module]:
+        """The model's modules by name, whose tensors (parameters, buffers, plain tensor
+        attributes) the step reads, shared with ``bind``'s modules by identity.  A
+        symbolic trace checks it leaves their tensors as they were.  The program cache
+        on disk stores a traced constant that is one of them as its path
+        (``"flow.decoder..."``) and binds it to the live tensor on load; their paths,
+        shapes and dtypes are part of its key.  ``{}``: every constant is stored by value."""
+        return {}
+
+    def cache_identity(self) -> dict[str, Any]:
+        """Plain data naming the code the step runs beyond cadence_fx and torch (e.g.
+        ``{"upstream": "<package>", "version": "<version>"}``): part of the program
+        cache's key, so another upstream release is a miss, never a stale program."""
+        return {}
 
     def stock_buffers(self) -> dict[str, torch.Tensor]:
         """The model's own tensors for every declared buffer path (rules R/Rc, which keep

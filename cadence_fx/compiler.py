@@ -130,7 +130,8 @@ def compile_executable(adapter: StreamingAdapter, rules: "str | Rules" = "S",
     ``symbolic_dims()``, rules with S trace each entry once symbolically and every
     configuration after the first is a specialization (seconds); without one, or where
     a symbolic trace or its guards refuse, the entry is traced at its exact shapes.
-    ``notes["setup"]`` says per entry which happened, why, and what it cost.
+    ``notes["setup"]`` says per entry which happened, why, and what it cost (and, for a
+    symbolic step, ``"program"``: found in "memory", on "disk", "not cached", or "rejected: <why>").
     """
     device = torch.device(adapter.device)
     check_rules(rules, device)
@@ -240,7 +241,7 @@ def _specialized(adapter: StreamingAdapter, plan: Plan, entry: CatalogEntry, by_
     if why is not None:
         setup["reason"] = why
         return None
-    sym = programs.get(key)
+    sym, setup["program"] = programs.lookup(key, adapter)  # memory, disk, "not cached", "rejected: ..."
     if sym is None:
         try:
             state_shapes, slot_shapes = symbolic_shapes(lambda d: build_plan(adapter, d), dims, symbolic,
@@ -265,7 +266,7 @@ def _specialized(adapter: StreamingAdapter, plan: Plan, entry: CatalogEntry, by_
             programs.refuse(key, f"{type(e).__name__}: {e}")
             setup["reason"] = f"{type(e).__name__}: {e}"
             return None
-        programs.put(key, sym)
+        programs.put(key, sym, adapter)  # and on disk, with the model's disk cache
         setup["how"] = "traced symbolic, specialized"
         setup["trace_s"] = sym.trace_s
     else:

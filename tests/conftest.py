@@ -4,7 +4,14 @@ import os
 # call of the process (GPU tests only; harmless on CPU).
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
+import tempfile
 import types
+
+# The program cache on disk (cadence_fx.programs.disk): one temporary directory per
+# test session, never the user's (every optimize() in the suite, and every CLI
+# subprocess, reads and writes here; removed when the session's process exits).
+_PROGRAM_CACHE = tempfile.TemporaryDirectory(prefix="cadence_fx_test_cache_")
+os.environ["CADENCE_FX_CACHE_DIR"] = _PROGRAM_CACHE.name
 
 import pytest
 

@@ -11,6 +11,7 @@ codecs share: one adapter, one executable, and ``reset()`` for a new stream.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Hashable
 
 import torch
@@ -18,7 +19,7 @@ import torch
 from ..adapter import StreamingAdapter
 from ..compiler import check_rules, compile_executable, open_session
 from ..errors import RulesError
-from ..programs import ProgramStore
+from ..programs import ProgramStore, open_disk_cache
 from ..step import Rules
 
 
@@ -26,14 +27,16 @@ class DropIn:
     """Base of the drop-ins; a subclass calls ``__init__`` first and opens its streams
     with ``_replace_session``."""
 
-    def __init__(self, rules: str, device: torch.device, progress: Callable[[str], None] | None = None):
+    def __init__(self, rules: str, device: torch.device, progress: Callable[[str], None] | None = None,
+                 cache: "bool | str | os.PathLike" = True):
         self.rules = check_rules(rules, device)  # as given ("S", "SRc", ...): reports print it
         self.progress = progress
         self.session = None
         self._executables: dict[Hashable, Any] = {}
         #: symbolic steps shared by every stream configuration of this model (one trace
-        #: per catalog entry serves every prompt length: see ``compile_executable``)
-        self.programs = ProgramStore()
+        #: per catalog entry serves every prompt length: see ``compile_executable``), read
+        #: from and written to the disk cache ``cache`` names (``programs.open_disk_cache``)
+        self.programs = ProgramStore(disk=open_disk_cache(cache, progress))
 
     @property
     def stable_state(self) -> bool:

@@ -6,6 +6,7 @@ import threading
 from typing import Hashable, Mapping
 
 from ..passes.trace_symbolic import SymbolicStep
+from .disk import DiskCache, key_parts
 
 
 def symbolic_key(entry_index: int, entry_steps: str, inputs: Mapping[str, tuple], fixed_dims: Mapping[str, int],
@@ -17,20 +18,46 @@ def symbolic_key(entry_index: int, entry_steps: str, inputs: Mapping[str, tuple]
 
 class ProgramStore:
     """Symbolic steps by ``symbolic_key``; a key whose symbolic trace failed is remembered
-    (with its reason) so the next configuration does not try again.  Thread-safe."""
+    (with its reason) so the next configuration does not try again.  Thread-safe.
 
-    def __init__(self):
+    With ``disk`` (a ``DiskCache``), a step not in memory is looked up on disk and a
+    new one is written through; both need the ``adapter`` (its ``modules()`` and
+    ``cache_identity()``; without one the store stays in memory).
+    """
+
+    def __init__(self, disk: DiskCache | None = None):
+        self.disk = disk
         self._steps: dict[Hashable, SymbolicStep] = {}
         self._refused: dict[Hashable, str] = {}
+        self._from_disk: set[Hashable] = set()
         self._lock = threading.Lock()
 
-    def get(self, key: Hashable) -> SymbolicStep | None:
+    def lookup(self, key: Hashable, adapter=None) -> tuple[SymbolicStep | None, str]:
+        """``(step, where)``: where is "memory", "disk", "not cached", or "rejected: <why>"
+        (a disk entry that cannot serve this model; the caller traces and ``put`` replaces it)."""
         with self._lock:
-            return self._steps.get(key)
+            step = self._steps.get(key)
+        if step is not None:
+            return step, "memory"
+        if self.disk is None or adapter is None:
+            return None, "not cached"
+        step, why = self.disk.fetch(key_parts(adapter, key), adapter.modules())
+        if step is None:
+            return None, "not cached" if why is None else f"rejected: {why}"
+        with self._lock:
+            step = self._steps.setdefault(key, step)
+            self._from_disk.add(key)
+        return step, "disk"
 
-    def put(self, key: Hashable, step: SymbolicStep) -> None:
+    def get(self, key: Hashable, adapter=None) -> SymbolicStep | None:
+        return self.lookup(key, adapter)[0]
+
+    def put(self, key: Hashable, step: SymbolicStep, adapter=None) -> None:
         with self._lock:
             self._steps[key] = step
+            self._from_disk.discard(key)
+        if self.disk is not None and adapter is not None:
+            self.disk.save(key_parts(adapter, key), step, adapter.modules())
 
     def refuse(self, key: Hashable, reason: str) -> None:
         with self._lock:
@@ -49,5 +76,9 @@ class ProgramStore:
 
     def describe(self) -> list[str]:
         with self._lock:
-            return [f"entry {k[0]} ({k[1]}): {s.describe()}" for k, s in self._steps.items()] + \
-                   [f"entry {k[0]} ({k[1]}): traced per configuration: {why}" for k, why in self._refused.items()]
+            lines = [f"entry {k[0]} ({k[1]}): {s.describe()}{', loaded from disk' if k in self._from_disk else ''}"
+                     for k, s in self._steps.items()]
+            lines += [f"entry {k[0]} ({k[1]}): traced per configuration: {why}" for k, why in self._refused.items()]
+        if self.disk is not None:
+            lines.append(f"disk cache {self.disk.directory}: {self.disk.counts}")
+        return lines

@@ -265,6 +265,29 @@ class ScopedToyAdapter(ToyAdapter):
         return lambda node: "attn" in scopes(node)
 
 
+class SymbolicToyAdapter(ToyAdapter):
+    """The toy whose prompt length is a symbolic dim (as Token2Wav's is): with a
+    ``ProgramStore`` each catalog entry is traced once and specialized per prompt length;
+    ``modules()``/``cache_identity()`` let the program cache on disk store it."""
+
+    def symbolic_dims(self) -> tuple[str, ...]:
+        return ("prompt_frames",)
+
+    def bind(self, buffers: Mapping[str, torch.Tensor], dims: Mapping[str, Any] | None = None):
+        twin = rebind_buffers(self.model, buffers)
+        prompt_frames = dims["prompt_frames"] if dims else self.prompt_frames
+
+        def step(inputs, state, last: bool = False):
+            return twin.stream(inputs, state, prompt_frames, last)
+        return step
+
+    def modules(self) -> dict[str, nn.Module]:
+        return {"toy": self.model}
+
+    def cache_identity(self) -> dict:
+        return {"upstream": "toy", "version": "1"}
+
+
 def assert_stream_exact(opt_state: dict, stock_state: dict, stock_out: dict, opt_out: dict, where: str) -> None:
     """Every output and every carried state tensor bit-equal (``torch.equal``)."""
     assert opt_out.keys() == stock_out.keys()

@@ -14,8 +14,8 @@ class OptimizedMimi(MimiStream, OneExecutableDropIn):
     once; each stream (``reset()``) keeps its state in one arena, bound to a twin of
     the module tree that shares the stock model's parameters."""
 
-    def __init__(self, decoder: MimiDecoder, rules: str = "S", progress=None):
-        super().__init__(rules, decoder.device, progress)
+    def __init__(self, decoder: MimiDecoder, rules: str = "S", progress=None, cache=True):
+        super().__init__(rules, decoder.device, progress, cache)
         self._require_stable_state("Mimi", "moshi keeps its state in streaming dataclasses, not module buffers")
         self.mimi = streaming_twin(decoder.mimi)  # after the stock's warm-up: shares its _embedding
         self._compile(MimiAdapter(self.mimi, decoder.device))

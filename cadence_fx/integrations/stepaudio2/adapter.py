@@ -21,7 +21,8 @@ from ...plan import ScopeVerdict, TensorSpec
 from ...runtime.binding import rebind_buffers
 from ...step import StepSignature, scope, scopes
 from .stock import (CARRIED, CHUNK_TOKENS, LOOKAHEAD_TOKENS, MEL_CACHE_LEN, MEL_PER_TOKEN, RETAIN_FRAMES,
-                    SOURCE_CACHE_LEN, VOCAB, StepConfig, Token2WavTail, setup_step, stream_step)
+                    SOURCE_CACHE_LEN, UPSTREAM_DISTRIBUTION, UPSTREAM_VERSION, VOCAB, StepConfig, Token2WavTail,
+                    setup_step, stream_step)
 
 #: the module buffers upstream over-provisions, each bound to a declared region
 STOCK_BUFFERS = ("flow.decoder.att_cache_buffer", "flow.decoder.cnn_cache_buffer",
@@ -65,9 +66,6 @@ class Token2WavAdapter(StreamingAdapter):
         token = torch.randint(0, VOCAB, (1, CHUNK_TOKENS + LOOKAHEAD_TOKENS), generator=g, dtype=torch.int32)
         return {"token": token.to(self.device), "spk": self.spk}
 
-    def modules(self) -> dict[str, torch.nn.Module]:
-        return {"flow": self.flow, "hift": self.hift}
-
     def symbolic_dims(self) -> tuple[str, ...]:
         """A voice prompt's length varies between streams: one trace serves every length."""
         return ("prompt_frames",)
@@ -80,6 +78,13 @@ class Token2WavAdapter(StreamingAdapter):
         def step(inputs, state, last_chunk: bool = False):
             return stream_step(flow, self.hift, self.window, cfg, inputs, state, last_chunk)
         return step
+
+    def modules(self) -> dict[str, torch.nn.Module]:
+        """The flow (the drop-in's twin: its parameters are the stock tail's, by identity) and HiFT."""
+        return {"flow": self.flow, "hift": self.hift}
+
+    def cache_identity(self) -> dict:
+        return {"upstream": UPSTREAM_DISTRIBUTION, "version": UPSTREAM_VERSION}
 
     def stock_buffers(self) -> dict[str, torch.Tensor]:
         return {p: module_buffer(self.flow, p.removeprefix("flow.")) for p in STOCK_BUFFERS}

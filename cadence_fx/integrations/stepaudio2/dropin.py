@@ -34,8 +34,8 @@ class OptimizedToken2Wav(DropIn):
     first (``inputs``) and copy the speaker vector: the caller may reuse its tensor.
     """
 
-    def __init__(self, tail: Token2WavTail, rules: str = "S", progress=None):
-        super().__init__(rules, tail.device, progress)
+    def __init__(self, tail: Token2WavTail, rules: str = "S", progress=None, cache=True):
+        super().__init__(rules, tail.device, progress, cache)
         self.n_timesteps, self.float16 = tail.n_timesteps, tail.float16
         flow_paths = [p.removeprefix("flow.") for p in STOCK_BUFFERS]
         self._stock_buffer_bytes = sum(module_buffer(tail.flow, p).nbytes for p in flow_paths)

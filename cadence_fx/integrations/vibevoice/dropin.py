@@ -14,8 +14,8 @@ class OptimizedVibeVoice(VibeVoiceStream, OneExecutableDropIn):
     once per catalog entry; each stream (``reset()``) keeps every carry in one arena.
     The model is shared with the stock decoder: upstream keeps no state on it."""
 
-    def __init__(self, decoder: VibeVoiceDecoder, rules: str = "S", progress=None):
-        super().__init__(rules, decoder.device, progress)
+    def __init__(self, decoder: VibeVoiceDecoder, rules: str = "S", progress=None, cache=True):
+        super().__init__(rules, decoder.device, progress, cache)
         self._require_stable_state("VibeVoice", "upstream's cache hands every conv a new tensor each step, so no "
                                    "stock state sits at fixed addresses to replay over")
         self.model = decoder.model

@@ -1,0 +1,180 @@
+"""``DiskCache``: symbolic steps kept on disk, so a new process specializes instead of tracing.
+
+An entry is one file, ``<key>.cfx``, where ``key`` is the SHA-256 of a canonical JSON
+of everything the symbolic step depends on except the weights' values
+(``key_parts``): this file's format version, the cadence_fx and torch versions, the
+adapter's class and ``cache_identity()`` (upstream package and version), its
+declaration (``Declaration.to_json``), the paths, shapes and dtypes of its
+``modules()``' parameters, buffers and tensor attributes, and the ``symbolic_key``
+(catalog entry, steps, input specs, fixed dims, dtype, device, placement).  A change
+to any of them is a different file: a miss.
+
+The file is a header line (the key parts, the payload's length and SHA-256) and the
+payload (``serialize.encode_step``, pickled).  ``load`` rejects, with a one-line
+reason (``last_rejection``, ``counts``, and the progress callback), an entry it cannot
+trust: unreadable, a format or key-part mismatch, a payload whose hash differs
+(corrupt or truncated), a parameter path the model lacks or holds at another shape
+or dtype.  It never raises: the compiler traces again and ``save`` overwrites the
+entry (written to a temporary file and renamed, so a reader never sees half a file).
+The directory is trusted like torch's own compile caches: the payload is a pickle.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import torch
+
+from ..passes.trace_symbolic import SymbolicStep
+from .serialize import Rejected, decode_step, encode_step, tensor_paths
+
+FORMAT = 1
+MAGIC = b"cadence_fx symbolic step\n"
+ENV = "CADENCE_FX_CACHE_DIR"
+
+
+def default_cache_dir() -> Path:
+    """``$CADENCE_FX_CACHE_DIR``, else ``$XDG_CACHE_HOME/cadence_fx``, else ``~/.cache/cadence_fx``."""
+    if os.environ.get(ENV):
+        return Path(os.environ[ENV]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / "cadence_fx"
+
+
+def open_disk_cache(cache: "bool | str | os.PathLike | DiskCache | None",
+                    progress: Callable[[str], None] | None = None) -> "DiskCache | None":
+    """``optimize``'s ``cache`` argument as a ``DiskCache``: True (default directory),
+    False/None (none), a directory, or a ``DiskCache``."""
+    if cache is None or cache is False:
+        return None
+    if isinstance(cache, DiskCache):
+        return cache
+    return DiskCache(default_cache_dir() if cache is True else cache, progress)
+
+
+def parameter_signature(modules: Mapping[str, torch.nn.Module]) -> dict[str, Any]:
+    """Paths, shapes and dtypes (not values) of the modules' parameters, buffers and
+    plain tensor attributes (``serialize.tensor_paths``): their count and digest."""
+    rows = [[path, list(t.shape), str(t.dtype)] for path, t in tensor_paths(modules).items()]
+    return {"count": len(rows), "sha256": hashlib.sha256(_canonical(rows).encode()).hexdigest()}
+
+
+def key_parts(adapter, key: tuple) -> dict[str, Any]:
+    """What the entry for ``key`` (a ``symbolic_key``) of ``adapter``'s model depends on."""
+    from .. import __version__
+    cls = type(adapter)
+    return {"format": FORMAT, "cadence_fx": __version__, "torch": str(torch.__version__),
+            "adapter": f"{cls.__module__}.{cls.__qualname__}", "identity": adapter.cache_identity(),
+            "declaration": adapter.declaration.to_json(), "parameters": parameter_signature(adapter.modules()),
+            "symbolic_key": list(key)}
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=repr)
+
+
+class DiskCache:
+    """Symbolic steps by ``key_parts`` in ``directory`` (created on the first ``save``).
+
+    ``counts``: ``hits``, ``misses``, ``rejected``, ``writes``, ``unsaved``;
+    ``last_rejection``: the last entry ``load`` rejected and why (``None``: none yet).
+    """
+
+    def __init__(self, directory: "str | os.PathLike", progress: Callable[[str], None] | None = None):
+        self.directory = Path(directory).expanduser()
+        self.progress = progress
+        self.counts = {"hits": 0, "misses": 0, "rejected": 0, "writes": 0, "unsaved": 0}
+        self.last_rejection: str | None = None
+
+    def __repr__(self) -> str:
+        return f"DiskCache({str(self.directory)!r})"
+
+    def path_for(self, parts: Mapping[str, Any]) -> Path:
+        return self.directory / f"{hashlib.sha256(_canonical(parts).encode()).hexdigest()}.cfx"
+
+    def _say(self, msg: str) -> None:
+        if self.progress is not None:
+            self.progress(msg)
+
+    def save(self, parts: Mapping[str, Any], step: SymbolicStep, modules: Mapping[str, torch.nn.Module]) -> Path | None:
+        """Write ``step`` under ``parts`` (replacing any entry there); ``None`` if it cannot be stored."""
+        path = self.path_for(parts)
+        try:
+            payload = pickle.dumps(encode_step(step, modules), protocol=pickle.HIGHEST_PROTOCOL)
+            header = {"format": FORMAT, "parts": json.loads(_canonical(parts)), "payload_bytes": len(payload),
+                      "payload_sha256": hashlib.sha256(payload).hexdigest()}
+            self.directory.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.stem[:16]}-", suffix=".tmp", dir=self.directory)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(MAGIC + json.dumps(header, sort_keys=True).encode() + b"\n" + payload)
+                os.replace(tmp, path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        except Exception as e:  # noqa: BLE001 - an entry not written is only a trace next time
+            self.counts["unsaved"] += 1
+            self._say(f"program cache: not saving {path.name}: {type(e).__name__}: {_line(e)}")
+            return None
+        self.counts["writes"] += 1
+        return path
+
+    def load(self, parts: Mapping[str, Any], modules: Mapping[str, torch.nn.Module]) -> SymbolicStep | None:
+        """The step stored under ``parts``, bound to ``modules``; ``None`` on a miss or a rejection."""
+        return self.fetch(parts, modules)[0]
+
+    def fetch(self, parts: Mapping[str, Any], modules: Mapping[str, torch.nn.Module]
+              ) -> tuple[SymbolicStep | None, str | None]:
+        """``(step, None)``, ``(None, None)`` on a miss, or ``(None, reason)`` on a rejection."""
+        path = self.path_for(parts)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            self.counts["misses"] += 1
+            return None, None
+        except OSError as e:
+            return None, self._reject(path, f"unreadable: {_line(e)}")
+        try:
+            step = decode_step(self._payload(data, parts), modules)
+        except Rejected as e:
+            return None, self._reject(path, str(e))
+        except Exception as e:  # noqa: BLE001 - any damage is a rejection, never the user's error
+            return None, self._reject(path, f"unreadable: {type(e).__name__}: {_line(e)}")
+        self.counts["hits"] += 1
+        return step, None
+
+    def _payload(self, data: bytes, parts: Mapping[str, Any]) -> dict:
+        if not data.startswith(MAGIC):
+            raise Rejected("not a cadence_fx program file")
+        head, sep, payload = data[len(MAGIC):].partition(b"\n")
+        if not sep:
+            raise Rejected("truncated header")
+        header = json.loads(head)
+        if header.get("format") != FORMAT:
+            raise Rejected(f"format {header.get('format')}; this cadence_fx reads format {FORMAT}")
+        stored, want = header.get("parts", {}), json.loads(_canonical(parts))
+        differ = sorted(k for k in set(stored) | set(want) if stored.get(k) != want.get(k))
+        if differ:
+            raise Rejected(f"written for other {', '.join(differ)}")
+        if len(payload) != header.get("payload_bytes") or \
+                hashlib.sha256(payload).hexdigest() != header.get("payload_sha256"):
+            raise Rejected(f"payload SHA-256 mismatch ({len(payload)} bytes, {header.get('payload_bytes')} "
+                           "written): corrupt or truncated")
+        return pickle.loads(payload)
+
+    def _reject(self, path: Path, reason: str) -> str:
+        self.counts["rejected"] += 1
+        self.last_rejection = f"{path.name}: {reason}"
+        self._say(f"program cache: rejected {path.name}: {reason}; tracing again")
+        return reason
+
+
+def _line(e: BaseException) -> str:
+    text = str(e)
+    return text.splitlines()[0] if text else type(e).__name__
