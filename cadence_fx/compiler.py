@@ -241,7 +241,9 @@ def _specialized(adapter: StreamingAdapter, plan: Plan, entry: CatalogEntry, by_
     if why is not None:
         setup["reason"] = why
         return None
-    sym, setup["program"] = programs.lookup(key, adapter)  # memory, disk, "not cached", "rejected: ..."
+    # memory, disk ("prepare": for a module table not yet moved to the device), "not cached", "rejected: ..."
+    prepare = lambda: _run_once(adapter, entry, by_region, device)  # noqa: E731
+    sym, setup["program"] = programs.lookup(key, adapter, prepare)
     if sym is None:
         try:
             state_shapes, slot_shapes = symbolic_shapes(lambda d: build_plan(adapter, d), dims, symbolic,

@@ -5,9 +5,9 @@ of everything the symbolic step depends on except the weights' values
 (``key_parts``): this file's format version, the cadence_fx and torch versions, the
 adapter's class and ``cache_identity()`` (upstream package and version), its
 declaration (``Declaration.to_json``), the paths, shapes and dtypes of its
-``modules()``' parameters, buffers and tensor attributes, and the ``symbolic_key``
-(catalog entry, steps, input specs, fixed dims, dtype, device, placement).  A change
-to any of them is a different file: a miss.
+``modules()``' parameters and buffers, and the ``symbolic_key`` (catalog entry,
+steps, input specs, fixed dims, dtype, device, placement).  A change to any of them
+is a different file: a miss.
 
 The file is a header line (the key parts, the payload's length and SHA-256) and the
 payload (``serialize.encode_step``, pickled).  ``load`` rejects, with a one-line
@@ -32,7 +32,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from ..passes.trace_symbolic import SymbolicStep
-from .serialize import Rejected, decode_step, encode_step, tensor_paths
+from .serialize import ModuleTensorDiffers, Rejected, decode_step, encode_step
 
 FORMAT = 1
 MAGIC = b"cadence_fx symbolic step\n"
@@ -59,9 +59,15 @@ def open_disk_cache(cache: "bool | str | os.PathLike | DiskCache | None",
 
 
 def parameter_signature(modules: Mapping[str, torch.nn.Module]) -> dict[str, Any]:
-    """Paths, shapes and dtypes (not values) of the modules' parameters, buffers and
-    plain tensor attributes (``serialize.tensor_paths``): their count and digest."""
-    rows = [[path, list(t.shape), str(t.dtype)] for path, t in tensor_paths(modules).items()]
+    """Paths, shapes and dtypes (not values) of the modules' parameters and buffers: their count and digest.
+
+    (Plain tensor attributes are not in it: a model may build or move one on first use;
+    ``load`` checks those the step reads.)"""
+    rows = []
+    for prefix, module in modules.items():
+        for kind, named in (("p", module.named_parameters(remove_duplicate=False)),
+                            ("b", module.named_buffers(remove_duplicate=False))):
+            rows += [[kind, f"{prefix}.{path}", list(t.shape), str(t.dtype)] for path, t in named]
     return {"count": len(rows), "sha256": hashlib.sha256(_canonical(rows).encode()).hexdigest()}
 
 
@@ -129,9 +135,14 @@ class DiskCache:
         """The step stored under ``parts``, bound to ``modules``; ``None`` on a miss or a rejection."""
         return self.fetch(parts, modules)[0]
 
-    def fetch(self, parts: Mapping[str, Any], modules: Mapping[str, torch.nn.Module]
-              ) -> tuple[SymbolicStep | None, str | None]:
-        """``(step, None)``, ``(None, None)`` on a miss, or ``(None, reason)`` on a rejection."""
+    def fetch(self, parts: Mapping[str, Any], modules: Mapping[str, torch.nn.Module],
+              prepare: Callable[[], None] | None = None) -> tuple[SymbolicStep | None, str | None]:
+        """``(step, None)``, ``(None, None)`` on a miss, or ``(None, reason)`` on a rejection.
+
+        ``prepare``: where a module tensor the step reads is at another shape, dtype or
+        device (a table the model moves to its device on first use), run it (the step
+        once, for real) and bind again; the entry is rejected if that does not settle it.
+        """
         path = self.path_for(parts)
         try:
             data = path.read_bytes()
@@ -141,7 +152,15 @@ class DiskCache:
         except OSError as e:
             return None, self._reject(path, f"unreadable: {_line(e)}")
         try:
-            step = decode_step(self._payload(data, parts), modules)
+            record = self._payload(data, parts)
+            try:
+                step = decode_step(record, modules)
+            except ModuleTensorDiffers as e:
+                if prepare is None:
+                    raise
+                self._say(f"program cache: {path.name}: {e}; running the step once")
+                prepare()
+                step = decode_step(record, modules)
         except Rejected as e:
             return None, self._reject(path, str(e))
         except Exception as e:  # noqa: BLE001 - any damage is a rejection, never the user's error

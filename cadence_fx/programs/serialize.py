@@ -42,6 +42,11 @@ class Rejected(CadenceError):
     """A stored entry that cannot serve this model (the message says why, in one line)."""
 
 
+class ModuleTensorDiffers(Rejected):
+    """A constant's module tensor is at its path but at another shape, dtype or device
+    (e.g. a table the model moves to its device on first use, not used yet)."""
+
+
 class Unserializable(CadenceError):
     """A symbolic step holding something the cache does not store (it is simply not cached)."""
 
@@ -177,9 +182,8 @@ def _decode_attr(attr: str, spec: tuple, live: Mapping[str, torch.Tensor]) -> to
         if t is None:
             raise Rejected(f"constant {attr} is the model's {path}, which this model does not have")
         if tuple(t.shape) != tuple(shape) or str(t.dtype) != dtype or str(t.device) != device:
-            # (a table the model moves to its device on first use is still elsewhere before it)
-            raise Rejected(f"constant {attr} is the model's {path}, stored as {tuple(shape)} {dtype} on {device}; "
-                           f"this model's is {tuple(t.shape)} {t.dtype} on {t.device}")
+            raise ModuleTensorDiffers(f"constant {attr} is the model's {path}, stored as {tuple(shape)} {dtype} on "
+                                      f"{device}; this model's is {tuple(t.shape)} {t.dtype} on {t.device}")
         return t
     _, data, device = spec
     return torch.load(io.BytesIO(data), weights_only=True).to(device)

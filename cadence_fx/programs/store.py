@@ -32,16 +32,17 @@ class ProgramStore:
         self._from_disk: set[Hashable] = set()
         self._lock = threading.Lock()
 
-    def lookup(self, key: Hashable, adapter=None) -> tuple[SymbolicStep | None, str]:
+    def lookup(self, key: Hashable, adapter=None, prepare=None) -> tuple[SymbolicStep | None, str]:
         """``(step, where)``: where is "memory", "disk", "not cached", or "rejected: <why>"
-        (a disk entry that cannot serve this model; the caller traces and ``put`` replaces it)."""
+        (a disk entry that cannot serve this model; the caller traces and ``put`` replaces it).
+        ``prepare``: see ``DiskCache.fetch``."""
         with self._lock:
             step = self._steps.get(key)
         if step is not None:
             return step, "memory"
         if self.disk is None or adapter is None:
             return None, "not cached"
-        step, why = self.disk.fetch(key_parts(adapter, key), adapter.modules())
+        step, why = self.disk.fetch(key_parts(adapter, key), adapter.modules(), prepare)
         if step is None:
             return None, "not cached" if why is None else f"rejected: {why}"
         with self._lock:

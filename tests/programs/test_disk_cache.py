@@ -20,7 +20,8 @@ from cadence_fx.programs import DiskCache, ProgramStore, default_cache_dir
 from cadence_fx.programs.disk import key_parts
 from cadence_fx.programs.serialize import encode_step
 
-from helpers.toy_models import SymbolicToyAdapter, assert_lockstep_exact, make_toy, toy_inputs, toy_prompt
+from helpers.toy_models import (CHANNELS, SymbolicToyAdapter, ToyStream, assert_lockstep_exact, make_toy, toy_inputs,
+                                toy_prompt)
 
 N_STEPS = 8  # warm-up, growth, trim and steady state at every prompt length below
 
@@ -185,6 +186,60 @@ def test_cache_false_writes_nothing_and_a_path_is_used(tmp_path, monkeypatch):
     adapter, exe = _compile(model, 5, store)
     assert [h[1] for h in _how(exe)] == ["not cached"] * 3 and len(store) == 3
     assert not any(tmp_path.rglob("*")), list(tmp_path.rglob("*"))
+
+
+class LazyScale(torch.nn.Module):
+    """Scales by a table it converts to the input's dtype on first use (as upstream's
+    positional encodings move to the input's device): a plain tensor attribute."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = torch.linspace(0.5, 1.5, CHANNELS, dtype=torch.float64)[:, None]
+
+    def forward(self, y):
+        if self.table.dtype != y.dtype:
+            self.table = self.table.to(y.dtype)
+        return y * self.table
+
+
+class LazyToy(ToyStream):
+    """The toy with its output scaled by a ``LazyScale`` (a submodule the twins share)."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = LazyScale()
+
+    def stream(self, inputs, state, prompt_frames, last=False):
+        out, new = super().stream(inputs, state, prompt_frames, last)
+        return {"y": self.scale(out["y"])}, new
+
+
+def _lazy_toy() -> LazyToy:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return LazyToy().eval()
+
+
+def test_a_table_moved_on_first_use_is_prepared_then_bound(tmp_path):
+    """A fresh model's table is not yet converted: the entry's constant differs from it,
+    so the step runs once (the first use) and the entry binds to the converted table."""
+    saver = _lazy_toy()
+    store = ProgramStore(disk=DiskCache(tmp_path))
+    _, exe = _compile(saver, 5, store)
+    assert [h[1] for h in _how(exe)] == ["not cached"] * 3
+    (_, sym), *_ = store.items()
+    attrs = encode_step(sym, {"toy": saver})["attrs"]
+    assert ("param", "toy.scale.table", (CHANNELS, 1), "torch.float32", "cpu") in attrs.values(), attrs
+    said = []
+    model = _lazy_toy()
+    assert model.scale.table.dtype == torch.float64
+    adapter, exe = _compile(model, 7, ProgramStore(disk=DiskCache(tmp_path, progress=said.append)))
+    assert _how(exe) == [("specialized", "disk")] * 3, exe.notes["setup"]
+    assert any("toy.scale.table" in m and "running the step once" in m for m in said), said
+    stock, prompt = _lazy_toy(), toy_prompt(7)
+    with torch.no_grad():
+        stock_state = stock.setup(prompt)
+    assert_lockstep_exact(stock, stock_state, adapter.open_session(exe, prompt), toy_inputs(N_STEPS), 7)
 
 
 def test_the_suite_never_writes_the_users_cache():
