@@ -76,10 +76,9 @@ class ProgramStore:
             return list(self._steps.items())
 
     def describe(self) -> list[str]:
+        """One line per key: its symbolic step (", loaded from disk" for one read from the
+        disk cache), or why its entry is traced per configuration."""
         with self._lock:
-            lines = [f"entry {k[0]} ({k[1]}): {s.describe()}{', loaded from disk' if k in self._from_disk else ''}"
-                     for k, s in self._steps.items()]
-            lines += [f"entry {k[0]} ({k[1]}): traced per configuration: {why}" for k, why in self._refused.items()]
-        if self.disk is not None:
-            lines.append(f"disk cache {self.disk.directory}: {self.disk.counts}")
-        return lines
+            return [f"entry {k[0]} ({k[1]}): {s.describe()}{', loaded from disk' if k in self._from_disk else ''}"
+                    for k, s in self._steps.items()] + \
+                   [f"entry {k[0]} ({k[1]}): traced per configuration: {why}" for k, why in self._refused.items()]
