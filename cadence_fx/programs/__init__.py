@@ -6,7 +6,7 @@ how each catalog entry got its graph.  ``shapes`` derives the affine sizes a
 symbolic trace needs from the pure plan.
 """
 
-from .store import ProgramStore, symbolic_key
+from .store import ProgramStore, setup_section, symbolic_key
 from .shapes import symbolic_shapes, NotAffine
 
-__all__ = ["ProgramStore", "symbolic_key", "symbolic_shapes", "NotAffine"]
+__all__ = ["ProgramStore", "setup_section", "symbolic_key", "symbolic_shapes", "NotAffine"]
