@@ -59,11 +59,23 @@ def run_cadence(args) -> dict:
     rows = []
     for tokens in args.prompt_tokens:
         prompt = s2.synthetic_prompt(tokens, seed=tokens, device=device)
+        profile = None
+        if args.profile and len(rows) == 1:  # the second length: where a specialization's time goes
+            import cProfile
+            profile = cProfile.Profile()
+            profile.enable()
         _sync(device)
         t0 = time.perf_counter()
         opt.set_stream_cache(*prompt)
         _sync(device)
         ready = time.perf_counter() - t0
+        if profile is not None:
+            import io
+            import pstats
+            profile.disable()
+            text = io.StringIO()
+            pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(60)
+            Path(args.profile).write_text(text.getvalue())
         exe = opt.session.executable
         tail.set_stream_cache(*prompt)
         chunks = s2.synthetic_chunks(args.chunks, seed=tokens, final_tokens=11)
@@ -134,6 +146,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=".")
     p.add_argument("--timeout", type=int, default=540)
     p.add_argument("--skip-warm", action="store_true", help="no restarted-process row (no disk cache to test)")
+    p.add_argument("--profile", default=None, help="cProfile the second length's set-up (cold run) into this file")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--cache-dir", default=None, help=argparse.SUPPRESS)
     p.add_argument("--run-control", default=None, help=argparse.SUPPRESS)
@@ -152,7 +165,7 @@ def main(argv=None) -> int:
               "n_timesteps": args.n_timesteps, "prompt_tokens": args.prompt_tokens,
               "command": " ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:]))}
     with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as inductor:
-        cold = _child(args, ["--cache-dir", cache], {})
+        cold = _child(args, ["--cache-dir", cache] + (["--profile", args.profile] if args.profile else []), {})
         warm = {"skipped": True} if args.skip_warm else _child(args, ["--cache-dir", cache], {})
         result["cold"], result["warm"] = cold, warm
         if "rows" in cold:

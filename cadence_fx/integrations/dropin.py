@@ -56,9 +56,12 @@ class DropIn:
 
     def _replace_session(self, session) -> None:
         """``session`` becomes the default stream; the one it replaces is closed (after the
-        new one is fully set up, so a failed set-up leaves the old stream usable)."""
+        new one is fully set up, so a failed set-up leaves the old stream usable).  A
+        replaced stream that never stepped hands its compile times to ``session``
+        (``Session.adopt_setup``)."""
         if self.session is not None:
             self.session.close()
+            session.adopt_setup(self.session)
         self.session = session
 
     def state(self) -> dict[str, torch.Tensor]:

@@ -67,10 +67,18 @@ def _arena(gm: fx.GraphModule, region: str) -> fx.Node:
     raise PassError(f"early_writeback: write-back of {region!r} but no arena placeholder for it")
 
 
+def _access(gm: fx.GraphModule) -> tuple[dict, dict, dict]:
+    """Per node: the roots of what it reads and of what it writes, and ``view_roots``."""
+    root_of = view_roots(gm)
+    reads = {n: {root_of[a] for a in n.all_input_nodes} for n in gm.graph.nodes}
+    writes = {n: {root_of[w] for w in written_args(n)} for n in gm.graph.nodes}
+    return root_of, reads, writes
+
+
 def _latest_dependency(gm: fx.GraphModule, group: Sequence[fx.Node], arena: fx.Node,
-                       root_of: dict[fx.Node, fx.Node] | None = None) -> fx.Node:
-    """The last node the group must follow (``root_of``: ``view_roots(gm)``, computed if not given)."""
-    root_of = view_roots(gm) if root_of is None else root_of
+                       access: tuple[dict, dict, dict] | None = None) -> fx.Node:
+    """The last node the group must follow (``access``: ``_access(gm)``, computed if not given)."""
+    root_of, reads, writes = _access(gm) if access is None else access
     members = set(group)
     sources = [a for n in group for a in n.all_input_nodes if a not in members]
     roots = {root_of[a] for a in sources if a is not arena}
@@ -78,9 +86,7 @@ def _latest_dependency(gm: fx.GraphModule, group: Sequence[fx.Node], arena: fx.N
     for n in gm.graph.nodes:
         if n in members or n.op in ("placeholder", "output"):
             continue
-        touches = any(root_of[a] is arena for a in n.all_input_nodes)
-        writes_source = any(root_of[w] in roots for w in written_args(n))
-        if touches or writes_source:
+        if arena in reads[n] or not roots.isdisjoint(writes[n]):
             must_follow.add(n)
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     return max(must_follow, key=order.__getitem__)
@@ -110,10 +116,10 @@ class EarlyWriteback(CadencePass):
 
     def call(self, gm: fx.GraphModule) -> PassResult:
         moved: dict[str, int] = {}
-        root_of = view_roots(gm)  # moving nodes changes their order, not what they alias
+        access = _access(gm)  # moving nodes changes their order, not what they read, write or alias
         for region, group in _groups(gm).items():
             order = {n: i for i, n in enumerate(gm.graph.nodes)}
-            anchor = _latest_dependency(gm, group, _arena(gm, region), root_of)
+            anchor = _latest_dependency(gm, group, _arena(gm, region), access)
             if order[group[0]] <= order[anchor] + 1:
                 continue  # already right after what it depends on
             skipped = order[group[0]] - order[anchor] - 1
@@ -126,9 +132,9 @@ class EarlyWriteback(CadencePass):
 
     def ensures(self, gm: fx.GraphModule) -> None:
         order = {n: i for i, n in enumerate(gm.graph.nodes)}
-        root_of = view_roots(gm)
+        access = _access(gm)
         for region, group in _groups(gm).items():
-            anchor = _latest_dependency(gm, group, _arena(gm, region), root_of)
+            anchor = _latest_dependency(gm, group, _arena(gm, region), access)
             if order[group[0]] <= order[anchor]:
                 raise PassError(f"early_writeback: the write-back of {region!r} comes before {anchor.name}")
         if self.check_hazards and self.bindings:

@@ -92,11 +92,7 @@ def specialize(sym: SymbolicStep, dims: Mapping[str, int], tensors: Mapping[str,
     named.update({f"buf_{r}": t for r, t in buffers.items()})
     binding = check_binding(sym, dims, named)
 
-    graph = fx.Graph()
-    remap: dict[fx.Node, fx.Node] = {}
-    out = graph.graph_copy(sym.gm.graph, remap)
-    graph.output(out)
-    gm = fx.GraphModule(sym.gm, graph)
+    gm = _copy_module(sym.gm)
 
     for node in list(gm.graph.nodes):  # 2. int/bool nodes -> values
         value = node.meta.get(meta.SYM)
@@ -134,6 +130,21 @@ def specialize(sym: SymbolicStep, dims: Mapping[str, int], tensors: Mapping[str,
     gm.graph.lint()
     if recompile:
         gm.recompile()
+    return gm
+
+
+def _copy_module(src: fx.GraphModule) -> fx.GraphModule:
+    """A new GraphModule over a copy of ``src``'s graph, sharing its constants, without
+    generating code (``fx.GraphModule(root, graph)`` would, for a graph about to change)."""
+    graph = fx.Graph()
+    graph.output(graph.graph_copy(src.graph, {}))
+    gm = fx.GraphModule(src, fx.Graph())  # an empty graph: nothing to copy, trivial code
+    from torch.fx.graph_module import _copy_attr  # what GraphModule.__init__ uses (dotted names too)
+    for node in graph.nodes:
+        if node.op == "get_attr":
+            _copy_attr(src, gm, node.target)
+    gm._graph = graph  # the property setter would generate code
+    graph.owning_module = gm
     return gm
 
 

@@ -1,7 +1,7 @@
 """trace_symbolic: one streaming step -> ONE pre-dispatch aten graph for every value of some dims.
 
 ``trace`` records a step at exact shapes, so every prompt length needs its own trace
-(a minute on the H200 host for the released Token2Wav).  Here the dims that vary
+(a minute on the H200 host for a released speech decoder).  Here the dims that vary
 between streams (``StreamingAdapter.symbolic_dims``, e.g. ``prompt_frames``) are
 free symbols: ``make_fx(..., pre_dispatch=True, tracing_mode="symbolic")`` runs the
 step on fake tensors whose sizes are affine in those symbols, and records one graph

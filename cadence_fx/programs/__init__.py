@@ -8,8 +8,8 @@ derives the affine sizes a symbolic trace needs from the pure plan.
 """
 
 from .disk import DiskCache, default_cache_dir, open_disk_cache
-from .store import ProgramStore, symbolic_key
+from .store import ProgramStore, setup_section, symbolic_key
 from .shapes import symbolic_shapes, NotAffine
 
-__all__ = ["ProgramStore", "symbolic_key", "symbolic_shapes", "NotAffine", "DiskCache", "default_cache_dir",
-           "open_disk_cache"]
+__all__ = ["ProgramStore", "setup_section", "symbolic_key", "symbolic_shapes", "NotAffine", "DiskCache",
+           "default_cache_dir", "open_disk_cache"]

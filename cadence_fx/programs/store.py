@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from typing import Hashable, Mapping
+from typing import Hashable, Mapping, Sequence
 
 from ..passes.trace_symbolic import SymbolicStep
 from .disk import DiskCache, key_parts
@@ -82,3 +82,27 @@ class ProgramStore:
             return [f"entry {k[0]} ({k[1]}): {s.describe()}{', loaded from disk' if k in self._from_disk else ''}"
                     for k, s in self._steps.items()] + \
                    [f"entry {k[0]} ({k[1]}): traced per configuration: {why}" for k, why in self._refused.items()]
+
+
+def setup_section(symbolic_dims: Sequence[str], store: "ProgramStore | None" = None) -> str:
+    """The ``Setup`` section of a plan's printout: how each catalog entry gets its graph
+    for a model whose adapter declares ``symbolic_dims`` (and, given the model's
+    ``store``, the symbolic steps it holds)."""
+    lines = ["Setup (how each catalog entry gets its graph)"]
+    if symbolic_dims:
+        dims = ", ".join(symbolic_dims)
+        lines += [f"  symbolic: {dims}",
+                  f"  rules S, SR, SRc: each catalog entry is traced once for every {dims} and specialized per "
+                  f"stream configuration;",
+                  f"  a value of {dims} that the trace's guards exclude is traced at its own shapes (with the reason); "
+                  f"rules R, Rc trace per configuration"]
+    else:
+        lines.append("  symbolic: none: each catalog entry is traced once per stream configuration")
+    if store is not None:
+        held = store.describe()
+        lines += ["  programs held: " + ("none yet (nothing traced)" if not held else f"{len(held)}")]
+        lines += [f"    {line}" for line in held]
+        if store.disk is not None and symbolic_dims:
+            lines.append(f"  program cache on disk: {store.disk.directory} (a new process loads these, not traces)")
+    return "\n".join(lines)
+

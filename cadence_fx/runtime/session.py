@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
+import time
 from typing import Any, Callable, Iterator, Mapping
 
 import torch
@@ -33,7 +34,7 @@ from ..errors import CadenceError, InputError, SessionBroken, SessionBusy, Sessi
 from ..plan import CatalogEntry, Plan, TensorSpec
 from ..step import Rules
 from .arena import Arena
-from .counters import SessionStats
+from .counters import SessionStats, SetupTimes
 from .gate import AdmissionGate, StockStateGate
 from .snapshot import SessionSnapshot
 
@@ -64,6 +65,8 @@ class Executable:
     #: rule S: the arena the entries were traced on, handed (zeroed) to the first session
     spare_arena: Arena | None = dataclasses.field(default=None, repr=False, compare=False)
     _spare_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False, compare=False)
+    #: a session has taken the compile's seconds (``claim_compile``; under ``_spare_lock`` too)
+    _compile_claimed: bool = dataclasses.field(default=False, repr=False, compare=False)
 
     @property
     def stable_state(self) -> bool:
@@ -79,6 +82,14 @@ class Executable:
         if arena is None or arena.device != torch.device(device):
             return Arena(self.plan.layout, device)
         return arena.clear()
+
+    def claim_compile(self) -> dict[str, Any] | None:
+        """The compile's notes (``notes["setup"]``, ``notes["setup_s"]``) the first time,
+        ``None`` after: the first session opened on an executable is the one whose
+        opening compiled it, and only it reports the compile's seconds."""
+        with self._spare_lock:
+            claimed, self._compile_claimed = self._compile_claimed, True
+        return None if claimed else self.notes
 
 
 FallbackFn = Callable[..., tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]]
@@ -103,7 +114,7 @@ class Session:
         self.gate = AdmissionGate(arena) if arena is not None else None
         self.fallback = fallback
         self.extents = dict(extents)
-        self._stats = SessionStats()
+        self._stats = SessionStats(setup=SetupTimes.from_compile(executable.claim_compile()))
         self.closed = False
         self._expect_device = arena.device if arena is not None else torch.device(device)
         # set by prepare_replay: this session's own captured programs (graphs bind its arena)
@@ -121,12 +132,14 @@ class Session:
         caller's random stream is untouched, and the state is reset afterwards
         (``load_state`` sets it up).  Returns per entry the regions whose capture
         failed (they run eagerly).  If capture raises (anything but out of memory,
-        which is recorded), the session keeps no graphs and is marked broken.
+        which is recorded), the session keeps no graphs and is marked broken.  Its wall
+        time is ``stats()["setup_s"]["capture_s"]``.
         """
         from .graphs import capture_entry, fresh_regions
         failed: dict[int, dict[str, str]] = {}
         if not any(p.kind == "cudagraph" for p in self.executable.programs.values()):
             return failed
+        t0 = time.perf_counter()
         with self._exclusive("prepare_replay"):
             pool = torch.cuda.graph_pool_handle()  # one pool for all this session's graphs
             # and one capture stream: one set of library workspaces (None: a CPU test's fake capture)
@@ -151,6 +164,7 @@ class Session:
                 raise
             self._programs = programs
             self.capture_failures = failed
+            self._stats.setup.capture_s = time.perf_counter() - t0  # stats(): capture_s
             return failed
 
     @torch.no_grad()
@@ -225,7 +239,20 @@ class Session:
         self._check_usable("state", closed_ok=True)
         return self._live_state()
 
+    def adopt_setup(self, unused: "Session") -> None:
+        """Take over the compile share of ``unused``'s set-up times when ``unused`` never
+        stepped and this session compiled nothing: it is being replaced by this one (a
+        frame codec's drop-in opens a first stream when it compiles, and ``reset()``
+        replaces it), so the compile was paid for the stream in use."""
+        mine, theirs = self._stats.setup, unused._stats.setup
+        if unused._stats.steps or not theirs.compiled or mine.compiled:
+            return
+        self._stats.setup = dataclasses.replace(theirs, capture_s=mine.capture_s)
+        unused._stats.setup = dataclasses.replace(SetupTimes(), capture_s=theirs.capture_s)
+
     def stats(self) -> dict:
+        """Steps, graph runs and replays per entry, fallbacks by reason, and ``setup_s``:
+        the seconds it took to make this session ready (``counters.SetupTimes``)."""
         return self._stats.to_json()
 
     @property

@@ -13,6 +13,7 @@ import wave
 
 from . import registry
 from .options import add_model_args, check_flush, model_of, progress
+from .verify import setup_words
 
 
 def add_args(p) -> None:
@@ -71,6 +72,7 @@ def run(args) -> int:
           f"bit-exact: {report['exact']}")
     print(f"per-{spec.unit} median: stock {stock_ms:.1f} ms, optimized {opt_ms:.1f} ms "
           f"({stock_ms / opt_ms:.2f}x; one run each, not a benchmark); one-time trace {compile_s:.1f} s")
+    print(f"setup: {setup_words(opt.stats()['setup_s'])}")
     print(f"state memory: arena {plan.arena_bytes / 2**20:.1f} MiB vs stock buffers + state "
           f"{plan.stock_state_bytes / 2**20:.1f} MiB ({100 * plan.arena_bytes / plan.stock_state_bytes:.1f}%)")
     if stock.device.type == "cpu":
@@ -81,5 +83,5 @@ def run(args) -> int:
                           "stock_ms_p50": stock_ms, "optimized_ms_p50": opt_ms, "compile_s": round(compile_s, 2),
                           "arena_bytes": plan.arena_bytes, "stock_state_bytes": plan.stock_state_bytes,
                           "wav": {k: {"path": p, "sha256": h} for k, (p, h) in paths.items()},
-                          "stats": opt.stats()}))
+                          "setup_s": opt.stats()["setup_s"], "stats": opt.stats()}))
     return 0 if ok else 1

@@ -1,5 +1,6 @@
-"""``cadence-fx explain``: the plan (clocks, regions, catalog, arena, verdicts); ``--trace``
-adds the partition preview of the traced rule-S graphs."""
+"""``cadence-fx explain``: the plan (clocks, regions, catalog, arena, verdicts) and its Setup
+(the dims each entry is traced symbolically in, ``"setup"`` in the JSON); ``--trace`` adds
+the partition preview of the traced rule-S graphs."""
 
 from __future__ import annotations
 
@@ -17,10 +18,13 @@ def add_args(p) -> None:
 
 def run(args) -> int:
     from ..compiler import build_plan
+    from ..programs import setup_section
     spec = model_of(args)
-    plan = build_plan(spec.explain_adapter(args))
+    adapter = spec.explain_adapter(args)
+    plan = build_plan(adapter)
     doc = plan.to_json()
-    text = plan.explain()
+    doc["setup"] = {"symbolic_dims": list(adapter.symbolic_dims())}
+    text = plan.explain() + "\n\n" + setup_section(adapter.symbolic_dims())
     if args.trace:
         doc["partition"], lines = partition_preview(spec, args)
         text += "\n\nPartition preview (rule S graphs, traced here; what rules SR/SRc would leave eager)\n" + lines

@@ -8,10 +8,18 @@ import sys
 from . import registry
 
 
-def add_model_args(p: argparse.ArgumentParser, *, weights: bool = True, rules: str | None = "S") -> None:
+def add_model_args(p: argparse.ArgumentParser, *, weights: bool = True, rules: str | None = "S",
+                   prompt_list: bool = False) -> None:
+    """The shared model options; ``prompt_list``: ``--prompt-tokens`` takes a comma list
+    (a tuple of ints; the command sets ``args.prompt_tokens`` to each in turn)."""
     p.add_argument("--model", choices=registry.names(), default=registry.DEFAULT_MODEL)
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    p.add_argument("--prompt-tokens", type=int, default=50, help="prompt length P in tokens (mel frames = 2P)")
+    if prompt_list:
+        p.add_argument("--prompt-tokens", type=prompt_lengths, default=(50,), metavar="P[,P...]",
+                       help="prompt length P in tokens (mel frames = 2P); a comma list runs each in turn on "
+                            "one optimized model")
+    else:
+        p.add_argument("--prompt-tokens", type=int, default=50, help="prompt length P in tokens (mel frames = 2P)")
     p.add_argument("--n-timesteps", type=int, default=5, help="flow-matching steps per chunk (upstream: 5 or 10)")
     p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32",
                    help="; ".join(f"{m}: {' or '.join(registry.get(m).dtypes)}" for m in registry.names()))
@@ -27,6 +35,27 @@ def add_model_args(p: argparse.ArgumentParser, *, weights: bool = True, rules: s
                                                       "call) or SRc (per chunk) over the arena, R or Rc over "
                                                       "stock-managed state" + ("; auto: SRc on CUDA, S on CPU"
                                                                           if rules == "auto" else ""))
+
+
+def prompt_lengths(text: str) -> tuple[int, ...]:
+    """``"23,41"`` -> ``(23, 41)`` (argparse type; the range is checked with the model)."""
+    try:
+        lengths = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a prompt length in tokens or a comma list of them "
+                                         f"(e.g. 23 or 23,41)") from None
+    return lengths
+
+
+def each_prompt_length(spec: registry.ModelSpec, lengths: tuple[int, ...]) -> tuple[int, ...]:
+    """``lengths`` once every one applies to ``spec``: a list needs a model whose streams
+    take a prompt, and each length must be >= 1."""
+    if len(lengths) > 1 and spec.prompt is None:
+        raise SystemExit(f"--prompt-tokens {','.join(map(str, lengths))}: --model {spec.name} streams take no "
+                         f"prompt, so there is no prompt length to vary; give one value or none")
+    if spec.prompt is not None and min(lengths) < 1:
+        raise SystemExit(f"--prompt-tokens must be >= 1 (got {min(lengths)})")
+    return lengths
 
 
 def model_of(args) -> registry.ModelSpec:

@@ -47,7 +47,9 @@ class ModelSpec:
     stream needs none); ``start(model, prompt)`` begins a stream on the stock or optimized
     model; ``chunks(args, n, final)`` the seeded chunk sequence (``final``: a flush chunk of
     that many tokens, only where ``flush``); ``executable(optimized, prompt)`` the traced
-    program a stream of ``prompt`` runs; ``config(args)`` the options a report records."""
+    program a stream of ``prompt`` runs; ``config(args)`` the options a report records;
+    ``prompt(args)`` the stream's prompt at ``args.prompt_tokens`` (None: the model's
+    streams take no prompt, so ``--prompt-tokens`` does not apply to it)."""
 
     name: str
     dtypes: tuple[str, ...]
@@ -62,6 +64,7 @@ class ModelSpec:
     describe: Callable[[Any], str]  # the demo's words for the model and its options
     config: Callable[[Any], dict] = lambda args: {}
     optimize: Callable[..., Any] | None = None  # (stock, rules, progress); None: cadence_fx.optimize
+    prompt: Callable[[Any], Any] | None = None
     flush: bool = False
     bench: type[BenchModel] | None = None
     serve: ServeHooks | None = None
@@ -148,15 +151,22 @@ def _device(args):
 
 def _token2wav_build(args):
     from ..integrations import stepaudio2 as s2
-    if args.prompt_tokens < 1:
-        raise SystemExit("--prompt-tokens must be >= 1")
+    prompt = _token2wav_prompt_of(args)  # checks --prompt-tokens before anything is built
     if not 1 <= args.n_timesteps <= 16:
         raise SystemExit("--n-timesteps must be in 1..16 (upstream keeps 16 step slots)")
     device = _device(args)
     flow, hift = s2.build_modules(args.seed, args.checkpoint)
     tail = s2.Token2WavTail(flow.to(device), hift.to(device), n_timesteps=args.n_timesteps,
                             float16=args.dtype == "float16")
-    return tail, s2.synthetic_prompt(args.prompt_tokens, args.seed, device=device)
+    return tail, prompt
+
+
+def _token2wav_prompt_of(args):
+    """The seeded prompt of ``--prompt-tokens`` P tokens: (tokens [1, P], mels [1, 2P, 80], spk [1, 192])."""
+    from ..integrations import stepaudio2 as s2
+    if args.prompt_tokens < 1:
+        raise SystemExit("--prompt-tokens must be >= 1")
+    return s2.synthetic_prompt(args.prompt_tokens, args.seed, device=_device(args))
 
 
 def _token2wav_explain(args):
@@ -269,8 +279,9 @@ register(ModelSpec(
     "token2wav", ("float32", "float16"), "chunk", 1.0, 24000, _token2wav_build, _token2wav_explain,
     _token2wav_chunks, _start_stream, lambda opt, p: opt.executable(p[1].shape[1], p[2]), _token2wav_describe,
     config=lambda args: {"n_timesteps": args.n_timesteps, "prompt_tokens": args.prompt_tokens},
-    flush=True, bench=Token2WavBench, serve=ServeHooks(_token2wav_tokens, _token2wav_prompt, _token2wav_weights,
-                                                     _token2wav_load_state, _token2wav_clear_state)))
+    prompt=_token2wav_prompt_of, flush=True, bench=Token2WavBench,
+    serve=ServeHooks(_token2wav_tokens, _token2wav_prompt, _token2wav_weights, _token2wav_load_state,
+                     _token2wav_clear_state)))
 register(ModelSpec(
     # Mimi as moshi runs it (fp32); a frame: 8 codes -> 1,920 samples (80 ms)
     "mimi", ("float32",), "frame", 0.08, 24000, _mimi_build, _mimi_explain, _mimi_chunks, _reset,

@@ -145,6 +145,7 @@ def test_bad_input_is_rejected_and_loses_no_state():
     # the plan for another prompt length, without tracing anything
     text = opt.explain(2 * 7)
     assert "estimator_att_cache" in text and "K=3" in text and opt._executables == {}
+    assert "symbolic: prompt_frames" in text and "programs held: none yet (nothing traced)" in text
     with pytest.raises(cadence_fx.RulesError, match="need a CUDA device"):
         cadence_fx.optimize(s2.Token2WavTail(flow, hift), rules="SRc")
     with pytest.raises(cadence_fx.RulesError, match="unknown rules"):

@@ -284,7 +284,8 @@ def test_load_state_clears_the_broken_mark_and_a_failed_step_is_not_counted(toys
     with pytest.raises(RuntimeError), FaultAt(10, error):
         a.session.step(x)
     assert_broken_by(a.session, error, "graph fault")
-    assert a.session.stats() == {"steps": 0, "graph_runs": {}, "replays": {}, "fallbacks": {}, "fallback_total": 0}
+    counts = {k: v for k, v in a.session.stats().items() if k != "setup_s"}  # setup_s: test_setup_times.py
+    assert counts == {"steps": 0, "graph_runs": {}, "replays": {}, "fallbacks": {}, "fallback_total": 0}
     a.session.load_state(a.snaps[0][0].state)
     assert a.session.broken is None
     expected = a.expect(x, False, 7)

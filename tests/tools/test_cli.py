@@ -112,8 +112,10 @@ def test_explain_plans_the_small_model_without_building_it(small, capsys):
     assert len(plan["catalog"]) == 3 and plan["arena_bytes"] < plan["stock_state_bytes"]
     est = next(r for r in plan["regions"] if r["name"] == "estimator_att_cache")
     assert est["bytes"] == 2 * 16 * 2 * 8 * (2 * PROMPT + 100 + 50) * 128 * 4  # 2 live flow steps
+    assert plan["setup"] == {"symbolic_dims": ["prompt_frames"]}
     code, _, text, _ = run(capsys, "explain", *small_args())
     assert code == 0 and "estimator_att_cache" in text
+    assert "each catalog entry is traced once for every prompt_frames and specialized per stream" in text
     with pytest.raises(SystemExit, match=f"--model {SMALL} runs float32 or float16, not --dtype bfloat16"):
         cli.main(["explain", *small_args("--dtype", "bfloat16")])
 
@@ -136,7 +138,9 @@ def test_explain_trace_previews_the_partition_of_the_traced_graphs(small, capsys
 # ---------------------------------------------------------------------------- verify
 VERIFY_FIELDS = {"exact", "chunks", "mismatches", "pcm_sha256_stock", "pcm_sha256_optimized", "per_chunk", "model",
                  "rules", "device", "dtype", "n_timesteps", "prompt_tokens", "seed", "fallbacks", "fallback_reasons",
-                 "stats", "arena_bytes", "state_bytes", "stock_state_bytes", "compile_s", "torch"}
+                 "stats", "arena_bytes", "state_bytes", "stock_state_bytes", "compile_s", "torch",
+                 "setup_s", "setups", "per_prompt"}
+SETUP_KEYS = {"trace_s", "specialize_s", "passes_s", "capture_s", "total_s", "compiled", "how"}
 CHUNK_FIELDS = {"chunk", "last", "route", "samples", "wave_equal", "pcm_equal", "state_equal", "mismatched",
                 "pcm_sha256", "stock_ms", "opt_ms"}
 
@@ -154,6 +158,13 @@ def test_verify_reports_every_chunk_of_the_small_model(small, capsys):
     assert report["pcm_sha256_stock"] == report["pcm_sha256_optimized"]
     assert 0 < report["arena_bytes"] < report["stock_state_bytes"]
     assert "chunk 1/3: graph entry 0, wave equal, state equal" in err  # progress, in words
+    assert set(report["setup_s"]) == SETUP_KEYS and report["setup_s"] == report["stats"]["setup_s"]
+    (row,) = report["setups"]  # one prompt length: one row, the same comparison as the report's
+    assert row["prompt_tokens"] == PROMPT and row["split"] == report["setup_s"]
+    assert report["per_prompt"] == [{"prompt_tokens": PROMPT, "exact": True, "chunks": 3, "mismatches": [],
+                                     "pcm_sha256_stock": report["pcm_sha256_stock"],
+                                     "pcm_sha256_optimized": report["pcm_sha256_optimized"], "fallbacks": 1,
+                                     "arena_bytes": report["arena_bytes"]}]
     # the table and the summary without --json
     code, _, text, _ = run(capsys, "verify", *small_args("--chunks", "1", "--quiet"))
     assert code == 0 and "exact: True  chunks: 1  fallbacks: 0" in text and text.splitlines()[0].startswith("chunk")
@@ -168,12 +179,57 @@ def test_verify_arguments_are_checked_before_anything_is_built(small, capsys):
         cli.main(["verify", "--n-timesteps", "17"])
     with pytest.raises(SystemExit, match="--prompt-tokens must be >= 1"):
         cli.main(["verify", "--prompt-tokens", "0"])
+    with pytest.raises(SystemExit, match=r"--prompt-tokens must be >= 1 \(got 0\)"):
+        cli.main(["verify", "--prompt-tokens", "23,0"])
+    with pytest.raises(SystemExit) as e:
+        cli.main(["verify", "--prompt-tokens", "23,x"])
+    assert e.value.code == 2 and "argument --prompt-tokens: '23,x' is not a prompt length in tokens or a comma " \
+                                 "list of them (e.g. 23 or 23,41)" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="--prompt-tokens 23,41: --model mimi streams take no prompt"):
+        cli.main(["verify", "--model", "mimi", "--prompt-tokens", "23,41"])
     with pytest.raises(SystemExit) as e:
         cli.main(["verify", *small_args("--chunks", "0")])
     assert e.value.code == 2 and "--chunks must be >= 1" in capsys.readouterr().err
     # a library error is one line naming its type, exit 2
     code, _, _, err = run(capsys, "verify", *small_args("--rules", "SRc", "--quiet"))
     assert code == 2 and err.startswith("cadence-fx: RulesError: ")
+
+
+def test_verify_streams_each_prompt_length_on_one_model(small, capsys):
+    """``--prompt-tokens 5,12,5``: one optimized model (a fresh one, so the first length
+    traces whatever other tests traced on ``t2w``), each length against its own stock
+    stream.  The first traces each entry once symbolically, the second is specialized
+    from that trace, and the repeat reuses the executable compiled for the first."""
+    made = []
+    registry.register(dataclasses.replace(registry.get(SMALL), optimize=lambda stock, rules, progress:
+                                          made.append(cadence_fx.optimize(stock, rules=rules, progress=progress))
+                                          or made[-1]))
+    code, report, _, err = run(capsys, "verify", "--model", SMALL, "--n-timesteps", "2", "--prompt-tokens", "5,12,5",
+                               "--chunks", "1", "--json")
+    assert code == 0 and set(report) == VERIFY_FIELDS and report["exact"] is True
+    assert report["prompt_tokens"] == 5 and report["setup_s"] == report["setups"][0]["split"]
+    first, second, again = report["setups"]
+    assert [r["prompt_tokens"] for r in report["setups"]] == [5, 12, 5]
+    entries = {str(i) for i in range(3)}
+    assert first["traced"] is True and first["split"]["compiled"] is True and first["split"]["trace_s"] > 0
+    assert first["split"]["how"] == dict.fromkeys(entries, "traced symbolic, specialized")
+    assert second["traced"] is False and second["split"]["compiled"] is True
+    assert second["split"]["how"] == dict.fromkeys(entries, "specialized") and second["split"]["trace_s"] == 0
+    # no timing ratio: on a loaded 2-core machine the passes (which run each entry's step once
+    # for the hazard check) take most of either set-up, so how each was made is what is checked
+    assert second["split"]["specialize_s"] > 0
+    assert again["traced"] is False and again["split"]["compiled"] is False and again["split"]["how"] == {}
+    results = report["per_prompt"]
+    assert [r["prompt_tokens"] for r in results] == [5, 12, 5] and all(r["exact"] for r in results)
+    assert all(r["pcm_sha256_stock"] == r["pcm_sha256_optimized"] for r in results)
+    assert results[0]["pcm_sha256_stock"] == report["pcm_sha256_stock"] == results[2]["pcm_sha256_stock"]
+    assert results[1]["pcm_sha256_stock"] != results[0]["pcm_sha256_stock"]  # another prompt, other audio
+    assert "setup, prompt 12 tokens: " in err and "specialized (3 entries)" in err
+    assert "compiled earlier" in err.split("setup, prompt 5 tokens: ")[-1]
+    # the model's plan printout ends with what its ProgramStore holds: one symbolic step per entry
+    text = made[0].explain(2 * 7)
+    assert "Setup (how each catalog entry gets its graph)" in text and "programs held: 3" in text
+    assert text.count("symbolic in ['prompt_frames']") == 3
 
 
 # ---------------------------------------------------------------------------- demo
@@ -189,7 +245,8 @@ def test_demo_is_reproducible_and_says_what_matched(small, tmp_path, capsys):
                                                               "--json"))
         assert code == 0 and doc["exact"] is True and doc["rules"] == "S" and doc["chunks"] == 2
         assert set(doc) == {"exact", "chunks", "rules", "device", "stock_ms_p50", "optimized_ms_p50", "compile_s",
-                            "arena_bytes", "stock_state_bytes", "wav", "stats"}
+                            "arena_bytes", "stock_state_bytes", "wav", "setup_s", "stats"}
+        assert set(doc["setup_s"]) == SETUP_KEYS and doc["setup_s"] == doc["stats"]["setup_s"]
         wavs = {name: (tmp_path / str(k) / f"{SMALL}-{name}.wav").read_bytes() for name in ("stock", "optimized")}
         assert wavs["stock"] == wavs["optimized"] and len(wavs["stock"]) > 44 + 2 * 20160
         assert doc["wav"]["stock"]["sha256"] == doc["wav"]["optimized"]["sha256"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ...compiler import build_plan, open_session
+from ...programs import setup_section
 from ...runtime.binding import rebind_buffers
 from ..dropin import DropIn
 from ..frames import speech_out
@@ -70,8 +71,11 @@ class OptimizedToken2Wav(DropIn):
         return self._executable((prompt_frames, tuple(spk.shape), spk.dtype), self.adapter_for(prompt_frames, spk))
 
     def explain(self, prompt_frames: int) -> str:
-        spk = torch.zeros(1, 192, device=self.device)
-        return build_plan(self.adapter_for(prompt_frames, spk)).explain()
+        """The plan for prompts of ``prompt_frames`` mel frames (nothing is traced), and its
+        Setup section: what is traced once for every prompt length, and what this model's
+        ``programs`` hold so far."""
+        adapter = self.adapter_for(prompt_frames, torch.zeros(1, 192, device=self.device))
+        return build_plan(adapter).explain() + "\n\n" + setup_section(adapter.symbolic_dims(), self.programs)
 
     def _new_session(self, prompt_tokens: torch.Tensor, prompt_mels: torch.Tensor, spk: torch.Tensor):
         """A set-up runtime session and its own copy of ``spk`` (both APIs construct sessions here only)."""

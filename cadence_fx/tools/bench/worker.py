@@ -97,6 +97,8 @@ class BenchWorker:
         self.bm.start(self.model)
         _sync(self.device)
         self.setup_s = time.perf_counter() - t0
+        # cadence_fx models split their set-up (trace, specialize, passes, capture); stock has no stats
+        self.setup_split = self.model.stats().get("setup_s") if hasattr(self.model, "stats") else None
         self.chunks = self.bm.chunks(args.warmup + args.blocks * args.chunks + 2)
         self.stream_pcm = hashlib.sha256()  # every chunk's PCM, warm-up and blocks, in stream order
         t1 = time.perf_counter()
@@ -135,8 +137,8 @@ class BenchWorker:
         cuda = self.device.type == "cuda"
         return {"event": "ready", "variant": self.args.variant, "device": str(self.device),
                 "torch": torch.__version__, "gpu": torch.cuda.get_device_name(self.device) if cuda else None,
-                "build_s": self.build_s, "setup_s": self.setup_s, "warmup_ms": self.warmup_ms,
-                "setup_peak_bytes": self.setup_peak}
+                "build_s": self.build_s, "setup_s": self.setup_s, "setup_split": self.setup_split,
+                "warmup_ms": self.warmup_ms, "setup_peak_bytes": self.setup_peak}
 
     def block(self, b: int) -> dict[str, Any]:
         """Stream block ``b``'s timed chunks; their ms and the PCM, waveform and state hashes."""
@@ -165,7 +167,8 @@ class BenchWorker:
         a = self.args
         rec: dict[str, Any] = {"event": "finish", "variant": a.variant, "peak_bytes": self.peak,
                                "setup_peak_bytes": self.setup_peak, "build_s": self.build_s,
-                               "setup_s": self.setup_s, "warmup_ms": self.warmup_ms}
+                               "setup_s": self.setup_s, "setup_split": self.setup_split,
+                               "warmup_ms": self.warmup_ms}
         steady = statistics.median(self.timed_ms) / 1e3 if self.timed_ms else 0.0
         rec["compile_s"] = self.setup_s + max(0.0, self.warmup_s - a.warmup * steady)
         if self.next_block == a.blocks:  # the whole stream ran: its PCM hash covers warm-up and every block

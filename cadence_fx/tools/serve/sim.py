@@ -20,6 +20,7 @@ import time
 from typing import Any, Callable, Iterable, Sequence
 
 from ...errors import InputError
+from ...runtime.counters import sum_setup
 from ..bench.stats import percentile
 from ..registry import ServeHooks, TokenChunks
 
@@ -179,6 +180,7 @@ class OptimizedStreams:
         return {"weights_bytes": weights,
                 "arena_bytes_per_session": self.sessions[0].arena_bytes if self.sessions else None,
                 "fallbacks": fallbacks, "capture_failures": capture_failures,
+                "setup_split": sum_setup([s.stats().get("setup_s") for s in self.sessions]),
                 "stats": [s.stats() for s in self.sessions]}
 
     def close(self) -> None:
