@@ -28,7 +28,7 @@ import torch.fx as fx
 
 from .adapter import StreamingAdapter
 from .annotations import Declaration
-from .errors import RulesError, SpecializationRefused, TraceError
+from .errors import RulesError, TraceError
 from .passes.base import PassManager, this_before_that
 from .passes.early_writeback import EarlyWriteback
 from .passes.fold_host_constants import FoldHostConstants
@@ -36,12 +36,11 @@ from .passes.lower_cudagraph import LowerCudaGraph
 from .passes.partition import Partition
 from .passes.prune_dead import PruneDead
 from .passes.state_rewrite import RegionBinding, StateRewrite
-from .passes.specialize import specialize
 from .passes.trace import trace_step
-from .passes.trace_symbolic import ModuleStateChanged, trace_symbolic
 from . import step as meta
 from .plan import CatalogEntry, Plan, TensorSpec, make_plan
-from .programs import NotAffine, ProgramStore, symbolic_key, symbolic_shapes
+from .programs import ProgramStore
+from .programs.entry import specialized_entry
 from .runtime.arena import Arena
 from .runtime.graphs import CapturedRegion
 from .runtime.session import EntryProgram, Executable, Session, StockStateSession
@@ -167,7 +166,8 @@ def _compile(adapter: StreamingAdapter, rules: "str | Rules",
         setup = {"how": "traced", "trace_s": 0.0, "specialize_s": 0.0}
         gm = None
         if rules.stable_state and programs is not None and adapter.symbolic_dims():
-            gm = _specialized(adapter, plan, entry, by_region, programs, setup, say)
+            gm = specialized_entry(adapter, lambda d: build_plan(adapter, d), plan, entry, by_region, programs,
+                                   setup, say)
         with torch.random.fork_rng(devices=devices):
             for attempt in range(3):
                 if gm is not None:
@@ -207,84 +207,12 @@ def _compile(adapter: StreamingAdapter, rules: "str | Rules",
     return Executable(plan, entries, sig.inputs, sig.outputs, carried, rules, notes, spare_arena=scratch)
 
 
-def _run_once(adapter: StreamingAdapter, entry: CatalogEntry, by_region: dict, device: torch.device) -> None:
-    """The step once, eagerly, on the scratch arena at the entry's shapes (generators forked)."""
-    state = {r: torch.zeros(entry.regions[r].shape, dtype=getattr(torch, entry.regions[r].dtype), device=device)
-             for r in adapter.signature.regions}
-    bound = {p: by_region[r.name] for r in adapter.declaration.regions for p in r.buffers if r.name in by_region}
-    devices = [device] if device.type == "cuda" else []
-    with torch.no_grad(), torch.random.fork_rng(devices=devices):
-        adapter.bind(bound)(adapter.example_inputs(), state)
-
-
 def _setup_totals(per_entry: dict) -> dict:
     """Seconds spent tracing, specializing and in the passes, over every entry."""
     keys = ("trace_s", "specialize_s", "passes_s")
     out = {k: round(sum(e.get(k, 0.0) for e in per_entry.values()), 3) for k in keys}
     out["total_s"] = round(sum(out.values()), 3)
     return out
-
-
-def _specialized(adapter: StreamingAdapter, plan: Plan, entry: CatalogEntry, by_region: dict,
-                 programs: ProgramStore, setup: dict, say) -> "fx.GraphModule | None":
-    """The entry's graph specialized from the model's symbolic step (traced here if new);
-    ``None`` (with ``setup["reason"]``) where it cannot serve: the caller traces concretely."""
-    sig = adapter.signature
-    device = torch.device(adapter.device)
-    symbolic = tuple(adapter.symbolic_dims())
-    dims = dict(adapter.dims())
-    fixed = {d: v for d, v in dims.items() if d not in symbolic}
-    inputs = {n: (tuple(t.shape), t.dtype) for n, t in adapter.example_inputs().items()}
-    key = symbolic_key(entry.index, entry.steps, inputs, fixed, str(adapter.dtype), str(device),
-                       ",".join(sorted(by_region)))
-    why = programs.refused(key)
-    if why is not None:
-        setup["reason"] = why
-        return None
-    # memory, disk ("prepare": for a module table not yet moved to the device), "not cached", "rejected: ..."
-    prepare = lambda: _run_once(adapter, entry, by_region, device)  # noqa: E731
-    sym, setup["program"] = programs.lookup(key, adapter, prepare)
-    if sym is None:
-        try:
-            state_shapes, slot_shapes = symbolic_shapes(lambda d: build_plan(adapter, d), dims, symbolic,
-                                                        entry.index, tuple(sig.regions), tuple(by_region))
-            say(f"tracing catalog entry {entry.index + 1}/{len(plan.catalog)} (steps {entry.steps}) once for "
-                f"every {', '.join(symbolic)}")
-            buffers = {r: (slot_shapes[r], by_region[r].dtype, adapter.declaration.region(r).buffers)
-                       for r in by_region}
-            state = {r: (state_shapes[r], getattr(torch, entry.regions[r].dtype)) for r in sig.regions}
-            watch = tuple(adapter.modules().values())
-            trace = lambda: trace_symbolic(adapter.bind, sig, {d: dims[d] for d in symbolic}, inputs, state,  # noqa: E731
-                                           buffers, device, watch)
-            try:
-                sym = trace()
-            except ModuleStateChanged as e:
-                # a lazily built table (e.g. moved to the device on first use): run the step once for
-                # real on the scratch arena, which does that first use, and trace again
-                say(f"entry {entry.index + 1}: {e}; running the step once and tracing again")
-                _run_once(adapter, entry, by_region, device)
-                sym = trace()
-        except (NotAffine, TraceError) as e:
-            programs.refuse(key, f"{type(e).__name__}: {e}")
-            setup["reason"] = f"{type(e).__name__}: {e}"
-            return None
-        programs.put(key, sym, adapter)  # and on disk, with the model's disk cache
-        setup["how"] = "traced symbolic, specialized"
-        setup["trace_s"] = sym.trace_s
-    else:
-        setup["how"] = "specialized"
-    t0 = time.perf_counter()
-    tensors = {f"in_{n}": t for n, t in adapter.example_inputs().items()}
-    tensors.update({f"state_{r}": torch.zeros(entry.regions[r].shape, dtype=getattr(torch, entry.regions[r].dtype),
-                                              device=device) for r in sig.regions})
-    try:
-        gm = specialize(sym, {d: dims[d] for d in symbolic}, tensors, by_region, recompile=False)
-    except SpecializationRefused as e:
-        setup["how"], setup["reason"] = "traced", f"{e}"
-        say(f"entry {entry.index + 1}: the symbolic trace does not serve {dims}: {e}; tracing these shapes")
-        return None
-    setup["specialize_s"] = round(time.perf_counter() - t0, 3)
-    return gm
 
 
 def _state_specs(plan: Plan, entry: CatalogEntry, carried: tuple[str, ...],

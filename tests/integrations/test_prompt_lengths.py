@@ -33,17 +33,26 @@ def _stream(t2w, tokens: int, seed: int) -> dict:
 
 def test_new_prompt_lengths_are_specialized_and_exact(t2w):
     _stream(t2w, 5, seed=1)  # the length other files use: traces the symbolic steps if no test did yet
-    traced = len(t2w.opt.programs)
-    assert traced == 3  # one symbolic step per catalog entry
-    for tokens in (23, 250):  # a 1 s and a 10 s voice clip
+    variants = {key[-1][1] for key, _ in t2w.opt.programs.items()}
+    assert len(t2w.opt.programs) == 3 * len(variants)  # one symbolic step per catalog entry (and variant)
+    # 23 and 250 tokens (a 1 s and a 10 s voice clip) meet the first trace's guards; 13 tokens
+    # (26 frames: 26 + 49 frames divide by 25) takes another branch: a second variant is traced
+    # once, and 63 tokens (126 frames), of the same class, is specialized from it
+    expect = {23: ("specialized", 0), 13: ("traced symbolic, specialized", 1), 63: ("specialized", 1),
+              250: ("specialized", 0)}
+    for tokens, (how, variant) in expect.items():
         report = _stream(t2w, tokens, seed=tokens)
         assert report["exact"], (tokens, report["mismatches"])
         assert report["pcm_sha256_stock"] == report["pcm_sha256_optimized"]
         setup = t2w.opt.session.executable.notes["setup"]
-        assert [e["how"] for e in setup.values()] == ["specialized"] * 3, setup
-        assert all(e["trace_s"] == 0 for e in setup.values())
+        if how.startswith("traced") and variant in variants:
+            how = "specialized"  # another test traced this variant first
+        assert [(e["how"], e["variant"]) for e in setup.values()] == [(how, variant)] * 3, (tokens, setup)
+        if variant:
+            assert all("variant 0: guard" in e["refused_by"][0] for e in setup.values())
         assert t2w.opt.stats()["fallbacks"] == {"flags last_chunk outside the catalog (eager)": 1}
-    assert len(t2w.opt.programs) == traced  # nothing traced again
+    assert {key[-1][1] for key, _ in t2w.opt.programs.items()} == {0, 1}
+    assert len(t2w.opt.programs) == 6
 
 
 def test_specialized_graph_is_the_concrete_trace_op_for_op(t2w):
@@ -56,7 +65,7 @@ def test_specialized_graph_is_the_concrete_trace_op_for_op(t2w):
     arena = Arena(plan.layout, CPU)
     by_region = {r.name: arena.full(r.name) for r in adapter.declaration.regions if r.buffers}
     state = {r: torch.zeros(entry.regions[r].shape) for r in adapter.signature.regions}
-    [sym] = [s for key, s in t2w.opt.programs.items() if key[0] == entry.index]
+    [sym] = [s for key, s in t2w.opt.programs.items() if key[0] == entry.index and key[-1] == ("variant", 0)]
     tensors = {"in_" + n: t for n, t in adapter.example_inputs().items()}
     tensors.update({"state_" + r: t for r, t in state.items()})
     special = specialize(sym, {"prompt_frames": 2 * tokens}, tensors, by_region)

@@ -1,0 +1,121 @@
+"""One catalog entry's graph from the model's symbolic steps: specialized, or ``None``.
+
+``specialized_entry`` is what the compiler asks first for every entry under the rules
+with S when the adapter has ``symbolic_dims()``.  A symbolic step records the guards
+under which it is the step; a prompt length outside them takes another branch of the
+model's code (Token2Wav: one in 25 prompt lengths, where a length divides evenly).  So a
+key holds up to ``MAX_VARIANTS`` symbolic steps, each traced at the first length the
+earlier ones refused: every branch class is traced once, and each later length is
+specialized from the variant whose guards it meets.  Where none serves and no variant
+is left, or a fresh variant refuses its own dims, the compiler traces the entry at its
+exact shapes; ``setup["reason"]`` says why.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+import torch.fx as fx
+
+from ..errors import SpecializationRefused, TraceError
+from ..passes.specialize import specialize
+from ..passes.trace_symbolic import ModuleStateChanged, SymbolicStep, trace_symbolic
+from ..plan import CatalogEntry, Plan
+from .shapes import NotAffine, symbolic_shapes
+from .store import ProgramStore, symbolic_key
+
+#: symbolic steps per entry key (branch classes of the dims); beyond: concrete traces
+MAX_VARIANTS = 4
+
+
+def run_once(adapter, entry: CatalogEntry, by_region: dict, device: torch.device) -> None:
+    """The step once, eagerly, on the scratch arena at the entry's shapes (generators forked)."""
+    state = {r: torch.zeros(entry.regions[r].shape, dtype=getattr(torch, entry.regions[r].dtype), device=device)
+             for r in adapter.signature.regions}
+    bound = {p: by_region[r.name] for r in adapter.declaration.regions for p in r.buffers if r.name in by_region}
+    devices = [device] if device.type == "cuda" else []
+    with torch.no_grad(), torch.random.fork_rng(devices=devices):
+        adapter.bind(bound)(adapter.example_inputs(), state)
+
+
+def _trace(adapter, plan_at: Callable, plan: Plan, entry: CatalogEntry, by_region: dict, symbolic: tuple,
+           dims: dict, inputs: dict, device: torch.device, say) -> SymbolicStep:
+    sig = adapter.signature
+    state_shapes, slot_shapes = symbolic_shapes(plan_at, dims, symbolic, entry.index, tuple(sig.regions),
+                                                tuple(by_region))
+    say(f"tracing catalog entry {entry.index + 1}/{len(plan.catalog)} (steps {entry.steps}) once for "
+        f"every {', '.join(symbolic)}")
+    buffers = {r: (slot_shapes[r], by_region[r].dtype, adapter.declaration.region(r).buffers) for r in by_region}
+    state = {r: (state_shapes[r], getattr(torch, entry.regions[r].dtype)) for r in sig.regions}
+    watch = tuple(adapter.modules().values())
+
+    def trace() -> SymbolicStep:
+        return trace_symbolic(adapter.bind, sig, {d: dims[d] for d in symbolic}, inputs, state, buffers, device,
+                              watch)
+    try:
+        return trace()
+    except ModuleStateChanged as e:
+        # a lazily built table (e.g. moved to the device on first use): run the step once for
+        # real on the scratch arena, which does that first use, and trace again
+        say(f"entry {entry.index + 1}: {e}; running the step once and tracing again")
+        run_once(adapter, entry, by_region, device)
+        return trace()
+
+
+def specialized_entry(adapter, plan_at: Callable[[dict], Plan], plan: Plan, entry: CatalogEntry, by_region: dict,
+                      programs: ProgramStore, setup: dict, say) -> "fx.GraphModule | None":
+    """The entry's graph specialized from one of the model's symbolic steps (traced here
+    if none serves and a variant is left); ``None`` (with ``setup["reason"]``) where none
+    can: the caller traces concretely.  ``setup`` gets ``how``, ``trace_s``,
+    ``specialize_s``, ``program`` (memory, disk, not cached, rejected: ...) and ``variant``."""
+    sig = adapter.signature
+    device = torch.device(adapter.device)
+    symbolic = tuple(adapter.symbolic_dims())
+    dims = dict(adapter.dims())
+    fixed = {d: v for d, v in dims.items() if d not in symbolic}
+    inputs = {n: (tuple(t.shape), t.dtype) for n, t in adapter.example_inputs().items()}
+    base = symbolic_key(entry.index, entry.steps, inputs, fixed, str(adapter.dtype), str(device),
+                        ",".join(sorted(by_region)))
+    why = programs.refused(base)
+    if why is not None:
+        setup["reason"] = why
+        return None
+    tensors = {f"in_{n}": t for n, t in adapter.example_inputs().items()}
+    tensors.update({f"state_{r}": torch.zeros(entry.regions[r].shape, dtype=getattr(torch, entry.regions[r].dtype),
+                                              device=device) for r in sig.regions})
+    at = {d: dims[d] for d in symbolic}
+    prepare = lambda: run_once(adapter, entry, by_region, device)  # noqa: E731 - for a table moved on first use
+    refusals = []
+    for variant in range(MAX_VARIANTS):
+        key = base + (("variant", variant),)
+        # memory, disk, "not cached", "rejected: ..."
+        sym, setup["program"] = programs.lookup(key, adapter, prepare)
+        fresh = sym is None
+        if fresh:
+            try:
+                sym = _trace(adapter, plan_at, plan, entry, by_region, symbolic, dims, inputs, device, say)
+            except (NotAffine, TraceError) as e:
+                programs.refuse(base, f"{type(e).__name__}: {e}")
+                setup["reason"] = f"{type(e).__name__}: {e}"
+                return None
+            programs.put(key, sym, adapter)  # and on disk, with the model's disk cache
+        t0 = time.perf_counter()
+        try:
+            gm = specialize(sym, at, tensors, by_region, recompile=False)
+        except SpecializationRefused as e:
+            refusals.append(f"variant {variant}: {e}")
+            if fresh:
+                break  # traced at these very dims and still refused: trace them concretely
+            continue
+        setup["how"] = "traced symbolic, specialized" if fresh else "specialized"
+        setup["trace_s"] = sym.trace_s if fresh else 0.0
+        setup["specialize_s"] = round(time.perf_counter() - t0, 3)
+        setup["variant"] = variant
+        if refusals:
+            setup["refused_by"] = refusals
+        return gm
+    setup["how"], setup["reason"] = "traced", "; ".join(refusals) or "no symbolic variant left"
+    say(f"entry {entry.index + 1}: no symbolic step serves {dims} ({setup['reason']}); tracing these shapes")
+    return None
