@@ -121,12 +121,15 @@ def run_control(args) -> dict:
     return {"rows": rows}
 
 
-def _child(args, extra: list[str], env: dict) -> dict:
+def _child(args, extra: list[str], env: dict, timeout: int | None = None, tokens: str | None = None) -> dict:
     cmd = [sys.executable, __file__, "--child", "--device", args.device, "--rules", args.rules,
-           "--n-timesteps", str(args.n_timesteps), "--prompt-tokens", ",".join(map(str, args.prompt_tokens)),
+           "--n-timesteps", str(args.n_timesteps), "--prompt-tokens", tokens or ",".join(map(str, args.prompt_tokens)),
            "--chunks", str(args.chunks), "--seed", str(args.seed)] + extra
     t0 = time.perf_counter()
-    done = subprocess.run(cmd, env={**os.environ, **env}, stdout=subprocess.PIPE, timeout=args.timeout)
+    try:
+        done = subprocess.run(cmd, env={**os.environ, **env}, stdout=subprocess.PIPE, timeout=timeout or args.timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout or args.timeout} s", "wall_s": round(time.perf_counter() - t0, 1)}
     if done.returncode != 0:
         return {"error": f"exit {done.returncode}", "wall_s": round(time.perf_counter() - t0, 1)}
     out = json.loads(done.stdout.decode().strip().splitlines()[-1])
@@ -143,6 +146,9 @@ def main(argv=None) -> int:
     p.add_argument("--chunks", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--control", default=None, help="also time a bench control, e.g. compile-ro")
+    p.add_argument("--control-timeout", type=int, default=None, help="seconds per control run")
+    p.add_argument("--control-once", action="store_true", help="the control with an empty cache only")
+    p.add_argument("--control-prompt-tokens", default=None, help="prompt lengths for the control (default: all)")
     p.add_argument("--out", default=".")
     p.add_argument("--timeout", type=int, default=540)
     p.add_argument("--skip-warm", action="store_true", help="no restarted-process row (no disk cache to test)")
@@ -178,8 +184,11 @@ def main(argv=None) -> int:
         if args.control:
             env = {"TORCHINDUCTOR_CACHE_DIR": inductor}
             result["control"] = {"variant": args.control,
-                                 "empty_cache": _child(args, ["--run-control", args.control], env),
-                                 "warm_cache": _child(args, ["--run-control", args.control], env)}
+                                 "empty_cache": _child(args, ["--run-control", args.control], env, args.control_timeout,
+                                                       args.control_prompt_tokens)}
+            if not args.control_once:
+                result["control"]["warm_cache"] = _child(args, ["--run-control", args.control], env,
+                                                         args.control_timeout, args.control_prompt_tokens)
     out = Path(args.out) / f"setup-{args.rules}-{args.n_timesteps}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
