@@ -65,7 +65,6 @@ class Executable:
     #: rule S: the arena the entries were traced on, handed (zeroed) to the first session
     spare_arena: Arena | None = dataclasses.field(default=None, repr=False, compare=False)
     _spare_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False, compare=False)
-    #: a session has taken the compile's seconds (``claim_compile``; under ``_spare_lock`` too)
     _compile_claimed: bool = dataclasses.field(default=False, repr=False, compare=False)
 
     @property
@@ -84,9 +83,8 @@ class Executable:
         return arena.clear()
 
     def claim_compile(self) -> dict[str, Any] | None:
-        """The compile's notes (``notes["setup"]``, ``notes["setup_s"]``) the first time,
-        ``None`` after: the first session opened on an executable is the one whose
-        opening compiled it, and only it reports the compile's seconds."""
+        """The compile's notes the first time, ``None`` after (under ``_spare_lock``): only the
+        first session opened on an executable, whose opening compiled it, reports the compile."""
         with self._spare_lock:
             claimed, self._compile_claimed = self._compile_claimed, True
         return None if claimed else self.notes
@@ -240,10 +238,8 @@ class Session:
         return self._live_state()
 
     def adopt_setup(self, unused: "Session") -> None:
-        """Take over the compile share of ``unused``'s set-up times when ``unused`` never
-        stepped and this session compiled nothing: it is being replaced by this one (a
-        frame codec's drop-in opens a first stream when it compiles, and ``reset()``
-        replaces it), so the compile was paid for the stream in use."""
+        """Take ``unused``'s compile seconds if it never stepped and this session compiled
+        nothing (a drop-in's first stream, replaced by ``reset()``, paid for this one)."""
         mine, theirs = self._stats.setup, unused._stats.setup
         if unused._stats.steps or not theirs.compiled or mine.compiled:
             return
@@ -251,8 +247,7 @@ class Session:
         unused._stats.setup = dataclasses.replace(SetupTimes(), capture_s=theirs.capture_s)
 
     def stats(self) -> dict:
-        """Steps, graph runs and replays per entry, fallbacks by reason, and ``setup_s``:
-        the seconds it took to make this session ready (``counters.SetupTimes``)."""
+        """Steps, graph and replay runs per entry, fallbacks by reason, ``setup_s`` (``SetupTimes``)."""
         return self._stats.to_json()
 
     @property
