@@ -23,7 +23,10 @@ def optimize(model: Any, rules: str = "S", progress: Callable[[str], None] | Non
 
     ``rules``: "S" (demand-sized state at stable addresses; CPU or CUDA) or, on
     CUDA, "R", "SR", "Rc", "SRc" (exact-shape CUDA-graph replay, per step or per
-    chunk).  Graphs are traced when a stream's configuration is first seen.
+    chunk).  Graphs are built when a stream's configuration is first seen: with
+    rules S, SR, SRc and a model whose adapter has symbolic dims (Token2Wav's prompt
+    length) each catalog entry is traced once for every length and a new length is
+    a specialization of that trace (``stats()["setup_s"]`` says which and how long).
 
     ``cache``: where traced programs are kept across processes (models whose
     adapter has symbolic dims, e.g. Token2Wav's prompt length): True, the default
