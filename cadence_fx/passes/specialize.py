@@ -175,7 +175,7 @@ def _record_values(gm: fx.GraphModule, binding: Mapping, sym: SymbolicStep) -> N
     value with no symbol in it is the same at every binding: built once per symbolic
     step and shared (passes only read a value's layout)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
-    static = sym.__dict__.setdefault("_static_values", {})
+    static = sym.static_values
     mode = static.get("mode")
     if mode is None:
         mode = static["mode"] = FakeTensorMode(allow_non_fake_inputs=True, allow_fallback_kernels=True)

@@ -74,6 +74,8 @@ class SymbolicStep:
     guards: tuple[object, ...]  # sympy booleans over the symbols; all must hold
     buffer_regions: tuple[str, ...]  # regions whose bound buffers are placeholders, in order
     trace_s: float = 0.0
+    #: fake values with no symbol in them, built once by ``specialize`` and shared by its results
+    static_values: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def describe(self) -> str:
         return (f"symbolic in {sorted(self.dims)}, {len(self.gm.graph.nodes)} nodes, "
