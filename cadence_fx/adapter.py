@@ -64,6 +64,11 @@ class StreamingAdapter:
         ``()``: one concrete trace per configuration."""
         return ()
 
+    def memo_methods(self) -> tuple[str, ...]:
+        """Methods of ``modules()``' classes whose repeated calls a symbolic trace copies
+        instead of tracing again (``passes.trace_memo``: same key, same recorded ops)."""
+        return ("forward",)
+
     def modules(self) -> dict[str, torch.nn.Module]:
         """The model's modules by name, whose tensors (parameters, buffers, plain tensor
         attributes) the step reads, shared with ``bind``'s modules by identity.  A

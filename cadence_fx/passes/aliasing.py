@@ -92,6 +92,95 @@ def record_accesses(gm: fx.GraphModule, args: list, regions: Mapping[str, torch.
     return log
 
 
+#: ops whose result may share its input's memory though their schemas say otherwise
+_UNANNOTATED_VIEWS = {torch.ops.aten._unsafe_view.default, torch.ops.aten._reshape_alias.default}
+
+
+class NeedsFullRun(Exception):
+    """The graph does something to region memory the region-only walk cannot follow."""
+
+
+def record_region_accesses(gm: fx.GraphModule, regions: Mapping[str, torch.Tensor]) -> list[Access]:
+    """``record_accesses`` without running the model: the same log, from the region views alone.
+
+    Only region memory is logged, and only views of it (and in-place ops, whose result
+    is their written argument) are region memory: every other op returns fresh memory.
+    So the walk executes the view ops whose source is region memory, on the region
+    tensors (values never matter, only layouts), and logs every other op's region
+    arguments; it runs nothing else.  Raises ``NeedsFullRun`` where it cannot follow
+    (a call that is not an aten op takes region memory, a view's argument is unknown):
+    the caller then runs the graph (``record_accesses``).
+    """
+    storages = {r: t.untyped_storage().data_ptr() for r, t in regions.items()}
+    tags = origins(gm)
+    env: dict[fx.Node, object] = {}
+    for node in gm.graph.nodes:
+        if node.op == "placeholder" and meta.role(node) is Role.ARENA:
+            env[node] = regions[meta.region(node)]
+    log: list[Access] = []
+
+    def value(a):
+        if isinstance(a, fx.Node):
+            if a not in env:
+                raise NeedsFullRun(f"{a.name} is not region memory")
+            return env[a]
+        if isinstance(a, (list, tuple)):
+            return type(a)(value(x) for x in a)
+        return a
+
+    def known(a) -> bool:
+        return isinstance(a, fx.Node) and a in env
+
+    with torch.no_grad():
+        for position, n in enumerate(gm.graph.nodes):
+            if n.op != "call_function":
+                continue
+            region_args = [a for a in n.all_input_nodes if known(a)]
+            if not region_args:
+                continue
+            if is_view(n):
+                if known(n.args[0] if n.args else None):  # else a view of other memory
+                    env[n] = n.target(*value(n.args), **value(n.kwargs))
+                continue
+            if not isinstance(n.target, torch._ops.OpOverload):
+                raise NeedsFullRun(f"{n.name} ({n.target}) takes region memory")
+            writes = set(written_args(n))
+            for a in n.all_input_nodes:
+                val = env.get(a)
+                if not isinstance(val, torch.Tensor):
+                    continue
+                ptr = val.untyped_storage().data_ptr()
+                for r, sp in storages.items():
+                    if ptr == sp:
+                        lo, hi = byte_interval(val)
+                        log.append(Access(position, n.name, r, tags.get(a, "?"),
+                                          "write" if a in writes else "read", lo, hi))
+            if returns_written(n):  # its result is its first argument: region memory if that is
+                if known(n.args[0]):
+                    env[n] = env[n.args[0]]
+            elif n.target in _UNANNOTATED_VIEWS and known(n.args[0]):
+                env[n] = n.target(*value(n.args), **value(n.kwargs))
+            elif _returns_alias_of(n, known):
+                raise NeedsFullRun(f"{n.name} ({n.target}) may return region memory")
+    return log
+
+
+def _returns_alias_of(n: fx.Node, known) -> bool:
+    """Whether a result of ``n`` may alias an argument that is region memory (per its schema)."""
+    schema = n.target._schema
+    sets = {ret.alias_info.before_set for ret in schema.returns if ret.alias_info is not None}
+    if not sets:
+        return False
+    for i, arg in enumerate(schema.arguments):
+        if arg.alias_info is None or not (arg.alias_info.before_set & set().union(*sets)):
+            continue
+        val = n.args[i] if i < len(n.args) else n.kwargs.get(arg.name)
+        vals = val if isinstance(val, (list, tuple)) else [val]
+        if any(known(v) for v in vals):
+            return True
+    return False
+
+
 def region_hazards(accesses: list[Access]) -> list[str]:
     """Reads of old state after the buffer overwrote it, and writes through the state
     view of a region that is also reached through its buffer.

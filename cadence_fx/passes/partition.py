@@ -17,6 +17,7 @@ memory another region overwrote after the reader's predecessor ran (order kept).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import operator
 from typing import Callable
@@ -149,8 +150,9 @@ class Partition(CadencePass):
                 users = [u for u in node.users if u in part]
                 part[node] = min(part[u] for u in users) if users else 0
 
-        split = split_module(gm, gm, lambda n: part[n], keep_original_order=True)
-        _sink_constants(split)
+        with _lazy_code():
+            split = split_module(gm, gm, lambda n: part[n], keep_original_order=True)
+            _sink_constants(split)
         regions = []
         for name, mod in split.named_children():
             idx = int(name.removeprefix("submod_"))
@@ -176,12 +178,26 @@ def _alias_returned_constants(gm: fx.GraphModule) -> None:
     leaves through an ``alias`` in a region: ``split_module`` only exports values
     computed in a region, and constants are sunk into the regions that use them."""
     (output,) = [n for n in gm.graph.nodes if n.op == "output"]
-    for const in [a for a in output.all_input_nodes if a.op == "get_attr"]:
+    consts = [a for a in output.all_input_nodes if a.op == "get_attr"]
+    for const in consts:
         with gm.graph.inserting_before(output):
             alias = gm.graph.call_function(aten.alias.default, (const,))
         alias.meta = dict(const.meta)
         output.replace_input_with(const, alias)
-    gm.recompile()
+    if consts:
+        gm.recompile()
+
+
+def _lazy_code():
+    """GraphModules made in this block generate their code on first use, not on every
+    ``recompile``: ``split_module`` and the constant sinking would otherwise regenerate
+    each piece's code four times (seconds at a released model's size) before it ever runs.
+    A torch without ``_LazyGraphModule`` generates it eagerly, as before."""
+    try:
+        from torch.fx._lazy_graph_module import _use_lazy_graph_module
+    except ImportError:  # pragma: no cover - older torch
+        return contextlib.nullcontext()
+    return _use_lazy_graph_module(True)
 
 
 def _sink_constants(split: fx.GraphModule) -> None:

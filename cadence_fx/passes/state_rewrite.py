@@ -217,15 +217,24 @@ class StateRewrite(CadencePass):
 
 
 def check_graph_hazards(gm: fx.GraphModule, bindings: Mapping[str, RegionBinding]) -> list[str]:
-    """Run the rewritten graph once on scratch region memory and look for hazards."""
-    example = meta.example_inputs(gm)
-    if example is None:
-        return []
+    """Log every region read and write on scratch region memory and look for hazards.
+
+    The log comes from the region views alone (``aliasing.record_region_accesses``:
+    nothing else runs); where that walk cannot follow the graph, from running it once.
+    """
     dev = meta.traced_device(gm)
     regions = {}
     for name in meta.arena_inputs(gm):
         b = bindings[name]
-        regions[name] = torch.zeros(b.shape, dtype=getattr(torch, b.dtype), device=dev)
+        regions[name] = torch.empty(b.shape, dtype=getattr(torch, b.dtype), device=dev)
+    try:
+        return aliasing.region_hazards(aliasing.record_region_accesses(gm, regions))
+    except aliasing.NeedsFullRun:
+        pass
+    example = meta.example_inputs(gm)
+    if example is None:
+        return []
+    regions = {name: t.zero_() for name, t in regions.items()}
     args = list(example) + [regions[n] for n in meta.arena_inputs(gm)]
     # the check must not advance the caller's generators
     with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):

@@ -26,6 +26,7 @@ data plus a graph (what the disk cache stores).
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from typing import Callable, Mapping, Sequence, Union
 
@@ -36,6 +37,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from ..errors import TraceError
 from .. import step as meta
 from ..step import Role, StepSignature
+from .trace_memo import DEFAULT_METHODS, CallMemo
 
 #: a size: an int, or ``(dim, a, b)`` for ``a * dim + b``
 Size = Union[int, tuple]
@@ -74,6 +76,8 @@ class SymbolicStep:
     guards: tuple[object, ...]  # sympy booleans over the symbols; all must hold
     buffer_regions: tuple[str, ...]  # regions whose bound buffers are placeholders, in order
     trace_s: float = 0.0
+    #: module calls recorded / copied / traced again by ``trace_memo`` (refusals by reason)
+    memo: dict = dataclasses.field(default_factory=dict, compare=False)
     #: fake values with no symbol in them, built once by ``specialize`` and shared by its results
     static_values: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
@@ -98,7 +102,8 @@ class ModuleStateChanged(TraceError):
 def trace_symbolic(bind: Callable, signature: StepSignature, dims: Mapping[str, int],
                    inputs: Mapping[str, tuple[Shape, torch.dtype]], state: Mapping[str, tuple[Shape, torch.dtype]],
                    buffers: Mapping[str, tuple[Shape, torch.dtype, Sequence[str]]],
-                   device: torch.device, watch: Sequence[torch.nn.Module] = ()) -> SymbolicStep:
+                   device: torch.device, watch: Sequence[torch.nn.Module] = (),
+                   memo_methods: Sequence[str] | None = DEFAULT_METHODS) -> SymbolicStep:
     """Trace ``bind(buffers_by_path, dims) -> step`` once with ``dims`` symbolic.
 
     ``inputs``/``state``: name -> (shape, dtype), sizes ints or ``(dim, a, b)``;
@@ -108,7 +113,9 @@ def trace_symbolic(bind: Callable, signature: StepSignature, dims: Mapping[str, 
     ``watch``: the model's modules.  A step that rebinds one of their tensors while
     tracing would leave a fake tensor in the model (and in the graph): they are put
     back and ``ModuleStateChanged`` names the attribute.  A graph constant that is a
-    fake tensor is refused too.
+    fake tensor is refused too.  ``memo_methods``: the methods of ``watch``'s module
+    classes whose repeated calls are copied rather than traced again
+    (``trace_memo.CallMemo``; ``None``: trace every call).
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
@@ -156,8 +163,9 @@ def trace_symbolic(bind: Callable, signature: StepSignature, dims: Mapping[str, 
         return tuple(out[k] for k in signature.outputs) + tuple(new[k] for k in signature.regions)
 
     before = _module_tensors(watch)
+    memo = CallMemo(watch, () if os.environ.get("CADENCE_FX_TRACE_MEMO") == "0" else (memo_methods or ()))
     try:
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        with torch.no_grad(), torch.random.fork_rng(devices=[]), memo.installed():
             gm = make_fx(flat, pre_dispatch=True, tracing_mode="symbolic", _allow_non_fake_inputs=True)(*args)
     except TraceError:
         raise
@@ -197,7 +205,7 @@ def trace_symbolic(bind: Callable, signature: StepSignature, dims: Mapping[str, 
     gm.meta[meta.DEVICE] = device
     gm.graph.lint()
     return SymbolicStep(gm, {d: int(v) for d, v in dims.items()}, symbols, tuple(specs), guards,
-                        buffer_regions, round(time.perf_counter() - t0, 3))
+                        buffer_regions, round(time.perf_counter() - t0, 3), memo=dict(memo.stats))
 
 
 _MISSING = object()

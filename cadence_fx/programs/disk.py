@@ -34,7 +34,7 @@ import torch
 from ..passes.trace_symbolic import SymbolicStep
 from .serialize import ModuleTensorDiffers, Rejected, decode_step, encode_step
 
-FORMAT = 1
+FORMAT = 2  # 2: symbolic steps traced with trace_memo (and its stats stored)
 MAGIC = b"cadence_fx symbolic step\n"
 ENV = "CADENCE_FX_CACHE_DIR"
 

@@ -53,7 +53,7 @@ def _trace(adapter, plan_at: Callable, plan: Plan, entry: CatalogEntry, by_regio
 
     def trace() -> SymbolicStep:
         return trace_symbolic(adapter.bind, sig, {d: dims[d] for d in symbolic}, inputs, state, buffers, device,
-                              watch)
+                              watch, memo_methods=adapter.memo_methods())
     try:
         return trace()
     except ModuleStateChanged as e:

@@ -91,7 +91,8 @@ def encode_step(step: SymbolicStep, modules: Mapping[str, torch.nn.Module]) -> d
     gm_meta = step.gm.meta
     return {"nodes": nodes, "attrs": attrs, "signature": gm_meta[meta.SIGNATURE], "device": gm_meta[meta.DEVICE],
             "dims": dict(step.dims), "symbols": dict(step.symbols), "placeholders": tuple(step.placeholders),
-            "guards": tuple(step.guards), "buffer_regions": tuple(step.buffer_regions), "trace_s": step.trace_s}
+            "guards": tuple(step.guards), "buffer_regions": tuple(step.buffer_regions), "trace_s": step.trace_s,
+            "memo": dict(step.memo)}
 
 
 def _encode_attr(gm: fx.GraphModule, target: str, by_id: Mapping[int, str]) -> tuple:
@@ -172,7 +173,8 @@ def decode_step(record: Mapping[str, Any], modules: Mapping[str, torch.nn.Module
     gm.meta[meta.SIGNATURE] = record["signature"]
     gm.meta[meta.DEVICE] = record["device"]
     return SymbolicStep(gm, dict(record["dims"]), dict(record["symbols"]), tuple(record["placeholders"]),
-                        tuple(record["guards"]), tuple(record["buffer_regions"]), record["trace_s"])
+                        tuple(record["guards"]), tuple(record["buffer_regions"]), record["trace_s"],
+                        memo=dict(record.get("memo", {})))
 
 
 def _decode_attr(attr: str, spec: tuple, live: Mapping[str, torch.Tensor]) -> torch.Tensor:

@@ -10,7 +10,8 @@ from cadence_fx import step as meta
 
 
 def structure(gm: fx.GraphModule) -> list:
-    """Each op node: target, args (nodes by position, constants by layout), value layout."""
+    """Each op node: target, args (nodes by position, parameters by address, other constants by
+    layout), value layout."""
     order = {}
     rows = []
 
@@ -18,7 +19,9 @@ def structure(gm: fx.GraphModule) -> list:
         if isinstance(a, fx.Node):
             if a.op == "get_attr":
                 t = getattr(gm, a.target)
-                return ("attr", meta.region(a), tuple(t.shape), t.dtype)
+                # a parameter by identity (which block's weight), any other constant by layout
+                ident = t.data_ptr() if isinstance(t, torch.nn.Parameter) else None
+                return ("attr", meta.region(a), tuple(t.shape), t.dtype, ident)
             return ("node", order[a]) if a in order else ("placeholder", meta.tag_of(a).get("name"))
         if isinstance(a, (list, tuple)):
             return type(a)(arg(x) for x in a)

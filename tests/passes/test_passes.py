@@ -597,6 +597,10 @@ class TestAliasing(TestCase):
         arena = arena_for(5, state)
         self.assertEqual(aliasing.region_hazards(
             aliasing.record_accesses(safe, [inputs["x"], arena["kv"], arena["c"]], arena)), [])
+        # the region-only walk (what check_graph_hazards runs) logs the same accesses, running nothing else
+        self.assertEqual(aliasing.record_region_accesses(gm, arena), accesses)
+        self.assertEqual(aliasing.record_region_accesses(safe, arena),
+                         aliasing.record_accesses(safe, [inputs["x"], arena["kv"], arena["c"]], arena))
 
     def test_write_through_the_state_view(self):
         def step(inputs, state):

@@ -79,6 +79,10 @@ class Token2WavAdapter(StreamingAdapter):
             return stream_step(flow, self.hift, self.window, cfg, inputs, state, last_chunk)
         return step
 
+    def memo_methods(self) -> tuple[str, ...]:
+        """Upstream calls its DiT, its blocks and the encoder's layers through ``forward_chunk``."""
+        return ("forward", "forward_chunk")
+
     def modules(self) -> dict[str, torch.nn.Module]:
         """The flow (the drop-in's twin: its parameters are the stock tail's, by identity) and HiFT."""
         return {"flow": self.flow, "hift": self.hift}
