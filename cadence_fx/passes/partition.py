@@ -5,8 +5,8 @@ capturable when it runs on the CPU (its value lives on the host), synchronises t
 host with the device (``.item()``, ``aten.equal``, ``_local_scalar_dense``,
 ``nonzero``...), has a data-dependent output shape, or is outside the allow-list of
 namespaces we know to be capture-safe.  ``Partition`` groups maximal runs of
-capturable nodes into submodules (``split_module(..., keep_original_order=True)``,
-because the graph mutates arena memory and order is semantics), leaving the rest as
+capturable nodes into submodules (``split_in_order``: pieces in order, each op in
+graph order, because the graph mutates arena memory and order is semantics), leaving the rest as
 eager islands.  With ``granularity="step"`` it also cuts at every ``boundary``
 key change (``boundary(node) -> hashable``, e.g. "inside the DiT or not"), so each
 DiT call is its own graph.
@@ -17,7 +17,6 @@ memory another region overwrote after the reader's predecessor ran (order kept).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import operator
 from typing import Callable
@@ -25,7 +24,6 @@ from typing import Callable
 import networkx as nx
 import torch
 import torch.fx as fx
-from torch.fx.passes.split_module import split_module
 
 from .. import step as meta
 from ..errors import PassError
@@ -133,7 +131,7 @@ class Partition(CadencePass):
             if node.op in ("placeholder", "output"):
                 continue
             if node.op == "get_attr":
-                # constants join the region of their first user (split_module copies them)
+                # constants are read inside every region that uses them (split_in_order)
                 continue
             if node.target is operator.getitem and node.args[0] in part:
                 # a tuple never crosses a region boundary: each item leaves with its producer
@@ -150,9 +148,7 @@ class Partition(CadencePass):
                 users = [u for u in node.users if u in part]
                 part[node] = min(part[u] for u in users) if users else 0
 
-        with _lazy_code():
-            split = split_module(gm, gm, lambda n: part[n], keep_original_order=True)
-            _sink_constants(split)
+        split = split_in_order(gm, part)
         regions = []
         for name, mod in split.named_children():
             idx = int(name.removeprefix("submod_"))
@@ -175,7 +171,7 @@ class Partition(CadencePass):
 
 def _alias_returned_constants(gm: fx.GraphModule) -> None:
     """A constant the graph returns as is (e.g. a whole stock buffer as the next state)
-    leaves through an ``alias`` in a region: ``split_module`` only exports values
+    leaves through an ``alias`` in a region: ``split_in_order`` only exports values
     computed in a region, and constants are sunk into the regions that use them."""
     (output,) = [n for n in gm.graph.nodes if n.op == "output"]
     consts = [a for a in output.all_input_nodes if a.op == "get_attr"]
@@ -188,54 +184,97 @@ def _alias_returned_constants(gm: fx.GraphModule) -> None:
         gm.recompile()
 
 
-def _lazy_code():
-    """GraphModules made in this block generate their code on first use, not on every
-    ``recompile``: ``split_module`` and the constant sinking would otherwise regenerate
-    each piece's code four times (seconds at a released model's size) before it ever runs.
-    A torch without ``_LazyGraphModule`` generates it eagerly, as before."""
+def _graph_module_class() -> type:
+    """torch's lazy GraphModule where it has one: a piece generates its Python code once,
+    when it first runs (at capture), not at every ``recompile`` before that."""
     try:
-        from torch.fx._lazy_graph_module import _use_lazy_graph_module
+        from torch.fx._lazy_graph_module import _LazyGraphModule
     except ImportError:  # pragma: no cover - older torch
-        return contextlib.nullcontext()
-    return _use_lazy_graph_module(True)
+        return fx.GraphModule
+    return _LazyGraphModule
 
 
-def _sink_constants(split: fx.GraphModule) -> None:
-    """Move constants (parameters, buffers, folded tables) back inside each region.
+def split_in_order(gm: fx.GraphModule, part: dict[fx.Node, int]) -> fx.GraphModule:
+    """``gm`` as a parent that calls one submodule ``submod_<i>`` per partition, in order.
 
-    ``split_module`` keeps ``get_attr`` nodes in the parent and passes them to the
-    pieces as arguments.  A captured piece must read weights from their own memory
-    by address: as arguments they would be copied into static buffers on every
-    replay (gigabytes), and a copy of a strided view is contiguous, which can change
-    the kernel a matmul picks and so the bits.
+    What ``torch.fx.passes.split_module(gm, gm, part, keep_original_order=True)`` builds, with each
+    piece's constants (parameters, buffers, folded tables) as its own attributes, read
+    by ``get_attr`` inside it: a captured piece must read weights from their own memory
+    by address (as arguments they would be copied into static buffers on every replay,
+    gigabytes, and a copy of a strided view is contiguous, which can change the kernel a
+    matmul picks and so the bits).  Pieces run in partition order and each copies its
+    nodes in graph order, so every op keeps its place relative to every write.  A value
+    leaves its piece when a node of another piece or the output uses it (one value: the
+    piece returns it; several: a tuple, unpacked with ``getitem`` in the parent).  The
+    pieces and the parent generate their code when they first run.
     """
-    for call in [n for n in split.graph.nodes if n.op == "call_module"]:
-        sub = split.get_submodule(call.target)
-        placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
-        if len(call.args) != len(placeholders) or call.kwargs:
-            raise PassError(f"partition: unexpected call signature for {call.target}")
-        kept = []
-        for i, (arg, ph) in enumerate(zip(call.args, placeholders)):
-            if isinstance(arg, fx.Node) and arg.op == "get_attr":
-                value = split.get_parameter(arg.target) if isinstance(
-                    _fetch(split, arg.target), torch.nn.Parameter) else _fetch(split, arg.target)
-                name = f"_c{i}_{ph.name}"
-                if isinstance(value, torch.nn.Parameter):
-                    sub.register_parameter(name, value)
-                else:
-                    sub.register_buffer(name, value, persistent=False)
-                with sub.graph.inserting_before(ph):
-                    const = sub.graph.get_attr(name)
-                ph.replace_all_uses_with(const)
-                sub.graph.erase_node(ph)
-            else:
-                kept.append(arg)
-        call.args = tuple(kept)
-        sub.recompile()
-    for node in list(split.graph.nodes):
-        if node.op == "get_attr" and not node.users:
-            split.graph.erase_node(node)
-    split.recompile()
+    cls = _graph_module_class()
+    pieces: dict[int, list[fx.Node]] = {}
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output", "get_attr"):
+            continue
+        if node.op != "call_function":
+            raise PassError(f"partition: cannot split a {node.op} node ({node.name})")
+        pieces.setdefault(part[node], []).append(node)
+    exported = {n for ns in pieces.values() for n in ns
+                if any(u.op == "output" or part.get(u) != part[n] for u in n.users)}
+    parent = fx.Graph()
+    root = torch.nn.Module()
+    env: dict[fx.Node, fx.Node] = {}
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            env[node] = parent.placeholder(node.target, type_expr=node.type)
+            env[node].meta = dict(node.meta)
+    for idx in sorted(pieces):
+        graph, module, local, consts = fx.Graph(), torch.nn.Module(), {}, {}
+        inputs: list[fx.Node] = []
+
+        def arg(a: fx.Node) -> fx.Node:
+            if a in local:
+                return local[a]
+            if a.op == "get_attr":
+                if a.target not in consts:
+                    value = _fetch(gm, a.target)
+                    if not isinstance(value, torch.Tensor):
+                        raise PassError(f"partition: get_attr {a.target} is a {type(value).__name__}")
+                    name = a.target.replace(".", "_")
+                    if isinstance(value, torch.nn.Parameter):
+                        module.register_parameter(name, value)
+                    else:
+                        module.register_buffer(name, value, persistent=False)
+                    consts[a.target] = name
+                node = graph.get_attr(consts[a.target])
+                node.meta = dict(a.meta)
+                local[a] = node
+                return node
+            raise PassError(f"partition: {a.name} reaches piece {idx} unbound")
+
+        members = set(pieces[idx])
+        for n in pieces[idx]:  # a parent input or another piece's result: a placeholder, first use first
+            for a in n.all_input_nodes:
+                if a not in members and a.op != "get_attr" and a not in local:
+                    local[a] = graph.placeholder(a.name)
+                    local[a].meta = dict(a.meta)
+                    inputs.append(a)
+        for n in pieces[idx]:
+            for a in n.all_input_nodes:
+                arg(a)
+            local[n] = graph.node_copy(n, lambda a: local[a])
+        outs = [n for n in pieces[idx] if n in exported]
+        graph.output(local[outs[0]] if len(outs) == 1 else tuple(local[n] for n in outs))
+        name = f"submod_{idx}"
+        setattr(root, name, cls(module, graph))
+        call = parent.call_module(name, tuple(env[a] for a in inputs))
+        if len(outs) == 1:
+            env[outs[0]] = call
+        else:
+            for i, n in enumerate(outs):
+                env[n] = parent.call_function(operator.getitem, (call, i))
+    (output,) = [n for n in gm.graph.nodes if n.op == "output"]
+    parent.output(fx.node.map_arg(output.args[0], lambda a: env[a]))
+    parent.lint()
+    split = cls(root, parent)
+    return split
 
 
 def _fetch(mod: torch.nn.Module, target: str):

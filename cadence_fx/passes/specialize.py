@@ -180,10 +180,14 @@ def _record_values(gm: fx.GraphModule, binding: Mapping, sym: SymbolicStep) -> N
     if mode is None:
         mode = static["mode"] = FakeTensorMode(allow_non_fake_inputs=True, allow_fallback_kernels=True)
 
+    here: dict = {}  # layouts with a symbol in them, at this binding (many nodes share one)
+
     def concrete(v):
         if isinstance(v, SymTensor):
             if v in static:
                 return static[v]
+            if v in here:
+                return here[v]
             shape = [_value(x, binding, "a size") for x in v.shape]
             stride = [_value(x, binding, "a stride") for x in v.stride]
             offset = _value(v.offset, binding, "an offset")
@@ -191,8 +195,7 @@ def _record_values(gm: fx.GraphModule, binding: Mapping, sym: SymbolicStep) -> N
             base = torch.empty(offset + span, dtype=v.dtype, device="meta")
             fake = mode.fake_tensor_converter.from_meta_and_device(mode, base.as_strided(shape, stride, offset),
                                                                    v.device)
-            if not _free(v):
-                static[v] = fake
+            (here if _free(v) else static)[v] = fake
             return fake
         if isinstance(v, (list, tuple)):
             return type(v)(concrete(x) for x in v)

@@ -205,31 +205,31 @@ def forward(self, arg0_1):
     submod_0 = self.submod_0(arg0_1);  arg0_1 = None
     getitem = submod_0[0]
     getitem_1 = submod_0[1];  submod_0 = None
-    submod_1 = self.submod_1(getitem);  getitem = None
-    submod_2 = self.submod_2(getitem_1, submod_1);  getitem_1 = submod_1 = None
+    submod_1 = self.submod_1(getitem_1);  getitem_1 = None
+    submod_2 = self.submod_2(getitem, submod_1);  getitem = submod_1 = None
     getitem_2 = submod_2[0]
     getitem_3 = submod_2[1];  submod_2 = None
     return (getitem_2, getitem_3)""")
         self.assertExpectedInline(split.submod_0.code.strip(), """\
 def forward(self, arg0_1):
-    _c1__param_constant0 = self._c1__param_constant0
-    _c2__folded0 = self._c2__folded0
-    mul_tensor = torch.ops.aten.mul.Tensor(arg0_1, _c1__param_constant0);  arg0_1 = _c1__param_constant0 = None
-    mul_tensor_1 = torch.ops.aten.mul.Tensor(mul_tensor, _c2__folded0);  mul_tensor = _c2__folded0 = None
-    gt_scalar = torch.ops.aten.gt.Scalar(mul_tensor_1, 0)
-    return (gt_scalar, mul_tensor_1)""")
+    _param_constant0 = self._param_constant0
+    mul = torch.ops.aten.mul.Tensor(arg0_1, _param_constant0);  arg0_1 = _param_constant0 = None
+    _folded0 = self._folded0
+    mul_1 = torch.ops.aten.mul.Tensor(mul, _folded0);  mul = _folded0 = None
+    gt = torch.ops.aten.gt.Scalar(mul_1, 0)
+    return (mul_1, gt)""")
         self.assertExpectedInline(split.submod_1.code.strip(), """\
 def forward(self, gt):
-    nonzero_default = torch.ops.aten.nonzero.default(gt);  gt = None
-    return nonzero_default""")
+    nonzero = torch.ops.aten.nonzero.default(gt);  gt = None
+    return nonzero""")
         self.assertExpectedInline(split.submod_2.code.strip(), """\
 def forward(self, mul_1, nonzero):
-    _c1__tensor_constant0 = self._c1__tensor_constant0
-    _c3__tensor_constant0_1 = self._c3__tensor_constant0_1
-    add_tensor = torch.ops.aten.add.Tensor(mul_1, _c1__tensor_constant0);  mul_1 = _c1__tensor_constant0 = None
-    sum_default = torch.ops.aten.sum.default(nonzero);  nonzero = None
-    add_tensor_1 = torch.ops.aten.add.Tensor(sum_default, _c3__tensor_constant0_1);  sum_default = _c3__tensor_constant0_1 = None
-    return (add_tensor, add_tensor_1)""")
+    _tensor_constant0 = self._tensor_constant0
+    add = torch.ops.aten.add.Tensor(mul_1, _tensor_constant0);  mul_1 = _tensor_constant0 = None
+    sum_1 = torch.ops.aten.sum.default(nonzero);  nonzero = None
+    _tensor_constant0_1 = self._tensor_constant0
+    add_1 = torch.ops.aten.add.Tensor(sum_1, _tensor_constant0_1);  sum_1 = _tensor_constant0_1 = None
+    return (add, add_1)""")
         self.assertFalse(hasattr(partition, "record"))  # the record is the result's: no state between calls
         self.assertExpectedInline(str(result.record), """\
 3 regions (2 capturable, 1 eager); eager nodes: ['nonzero (data-dependent shape: aten.nonzero.default)']""")
@@ -255,12 +255,13 @@ def forward(self, mul_1, nonzero):
         # by identity: the parameter is the model's own, the folded table and the buffer
         # are the very tensors the traced graph held (no copies)
         params = dict(split.submod_0.named_parameters())
-        self.assertEqual(list(params), ["_c1__param_constant0"])
-        self.assertEqual(params["_c1__param_constant0"].data_ptr(), model.w.data_ptr())
-        self.assertIs(split.submod_0._c2__folded0, gm._folded0)
-        # split_module passed the buffer twice (once per use): both sunk copies are the one tensor
-        self.assertIs(split.submod_2._c1__tensor_constant0, gm._tensor_constant0)
-        self.assertIs(split.submod_2._c3__tensor_constant0_1, gm._tensor_constant0)
+        self.assertEqual(list(params), ["_param_constant0"])
+        self.assertEqual(params["_param_constant0"].data_ptr(), model.w.data_ptr())
+        self.assertIs(split.submod_0._folded0, gm._folded0)
+        # the graph reads the buffer twice: the piece holds it once, under the traced name
+        self.assertIs(split.submod_2._tensor_constant0, gm._tensor_constant0)
+        self.assertEqual([n.target for n in split.submod_2.graph.nodes if n.op == "get_attr"],
+                         ["_tensor_constant0", "_tensor_constant0"])
         self.assertEqual(gm._tensor_constant0.data_ptr(), model.bias.data_ptr())
         self.assertEqual(dict(split.submod_1.named_buffers()), {})
 
@@ -314,9 +315,9 @@ def forward(self, arg0_1):
         self.assertEqual(str(step.record), "3 regions (3 capturable, 0 eager); eager nodes: []")
         self.assertExpectedInline(step.graph_module.submod_1.code.strip(), """\
 def forward(self, add):
-    mul_tensor = torch.ops.aten.mul.Tensor(add, 2);  add = None
-    sin_default = torch.ops.aten.sin.default(mul_tensor);  mul_tensor = None
-    return sin_default""")
+    mul = torch.ops.aten.mul.Tensor(add, 2);  add = None
+    sin = torch.ops.aten.sin.default(mul);  mul = None
+    return sin""")
         x = torch.randn(3)
         self.assertTrue(torch.equal(run(step.graph_module, x), run(chunk.graph_module, x)))
 
@@ -648,7 +649,7 @@ def forward(self, in_x, arena_kv, arena_conv):
     submod_0 = self.submod_0(arena_kv, arena_conv, in_x);  arena_conv = in_x = None
     getitem = submod_0[0]
     getitem_1 = submod_0[1];  submod_0 = None
-    submod_1 = self.submod_1(getitem, getitem_1, arena_kv);  getitem = getitem_1 = arena_kv = None
+    submod_1 = self.submod_1(getitem_1, getitem, arena_kv);  getitem_1 = getitem = arena_kv = None
     submod_2 = self.submod_2(submod_1);  submod_1 = None
     return (submod_2,)""")
         self.assertEqual(tuple(lowered.meta["cadence_arena_inputs"]), ("kv", "conv"))
