@@ -194,6 +194,34 @@ def _graph_module_class() -> type:
     return _LazyGraphModule
 
 
+def _state_spans(gm: fx.GraphModule, part: dict[fx.Node, int]) -> dict:
+    """Each ``_enter_autocast`` and ``_set_grad_enabled`` node -> (first piece, last piece
+    it is in force in, its ``_exit_autocast`` or None), in graph order."""
+    spans: dict[fx.Node, list] = {}
+    autocasts: list[fx.Node] = []
+    grad = None
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        idx = part[node]
+        if node.target is torch.amp.autocast_mode._enter_autocast:
+            if any(isinstance(a, fx.Node) for a in node.args):
+                raise PassError(f"partition: {node.name} enters autocast with computed arguments")
+            spans[node] = [idx, idx, None]
+            autocasts.append(node)
+        elif node.target is torch._C._set_grad_enabled:
+            spans[node] = [idx, idx, None]
+            grad = node
+        elif node.target is torch.amp.autocast_mode._exit_autocast:
+            enter = node.args[0]
+            autocasts.remove(enter)
+            spans[enter][1] = max(spans[enter][1], idx)
+            spans[enter][2] = node
+        for active in autocasts + ([grad] if grad is not None else []):
+            spans[active][1] = max(spans[active][1], idx)
+    return {k: tuple(v) for k, v in spans.items()}
+
+
 def split_in_order(gm: fx.GraphModule, part: dict[fx.Node, int]) -> fx.GraphModule:
     """``gm`` as a parent that calls one submodule ``submod_<i>`` per partition, in order.
 
@@ -203,7 +231,10 @@ def split_in_order(gm: fx.GraphModule, part: dict[fx.Node, int]) -> fx.GraphModu
     by address (as arguments they would be copied into static buffers on every replay,
     gigabytes, and a copy of a strided view is contiguous, which can change the kernel a
     matmul picks and so the bits).  Pieces run in partition order and each copies its
-    nodes in graph order, so every op keeps its place relative to every write.  A value
+    nodes in graph order, so every op keeps its place relative to every write.  As in
+    ``split_module``, an autocast or grad mode set in one piece and still in force in a
+    later one is set again at that piece's start (an autocast that ends in a later piece
+    also ends at the first one's end): each piece runs under the state its ops ran under.  A value
     leaves its piece when a node of another piece or the output uses it (one value: the
     piece returns it; several: a tuple, unpacked with ``getitem`` in the parent).  The
     pieces and the parent generate their code when they first run.
@@ -216,8 +247,10 @@ def split_in_order(gm: fx.GraphModule, part: dict[fx.Node, int]) -> fx.GraphModu
         if node.op != "call_function":
             raise PassError(f"partition: cannot split a {node.op} node ({node.name})")
         pieces.setdefault(part[node], []).append(node)
+    spans = _state_spans(gm, part)
     exported = {n for ns in pieces.values() for n in ns
-                if any(u.op == "output" or part.get(u) != part[n] for u in n.users)}
+                if any(u.op == "output" or (part.get(u) != part[n] and u.target not in DISPATCHER_STATE)
+                       for u in n.users)}
     parent = fx.Graph()
     root = torch.nn.Module()
     env: dict[fx.Node, fx.Node] = {}
@@ -249,6 +282,12 @@ def split_in_order(gm: fx.GraphModule, part: dict[fx.Node, int]) -> fx.GraphModu
                 return node
             raise PassError(f"partition: {a.name} reaches piece {idx} unbound")
 
+        # dispatcher state set in an earlier piece (autocast, grad mode) is set again at
+        # this piece's start, and an autocast that ends in a later piece ends at its end
+        for setter, (first, last, _) in spans.items():
+            if first < idx <= last:
+                local[setter] = graph.call_function(setter.target, setter.args, dict(setter.kwargs))
+                local[setter].meta = dict(setter.meta)
         members = set(pieces[idx])
         for n in pieces[idx]:  # a parent input or another piece's result: a placeholder, first use first
             for a in n.all_input_nodes:
@@ -260,6 +299,9 @@ def split_in_order(gm: fx.GraphModule, part: dict[fx.Node, int]) -> fx.GraphModu
             for a in n.all_input_nodes:
                 arg(a)
             local[n] = graph.node_copy(n, lambda a: local[a])
+        for setter, (first, last, exit_node) in reversed(spans.items()):
+            if exit_node is not None and first <= idx < last:
+                graph.call_function(exit_node.target, (local[setter],)).meta = dict(exit_node.meta)
         outs = [n for n in pieces[idx] if n in exported]
         graph.output(local[outs[0]] if len(outs) == 1 else tuple(local[n] for n in outs))
         name = f"submod_{idx}"

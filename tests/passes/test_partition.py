@@ -244,6 +244,32 @@ def forward(self, mul_1, nonzero):
         self.assertTrue(all(torch.equal(a, b) for a, b in zip(got, expected)))
         self.assertTrue(all(torch.equal(a, b) for a, b in zip(got, run(model, GATE_X))))
 
+    def test_an_autocast_over_several_pieces_is_in_force_in_each(self):
+        """A piece after the one that entered an autocast enters it again (and every piece
+        but the last leaves it): each piece runs its ops under the state they were traced in."""
+        def f(a, b):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                y = a @ b
+                n = torch.nonzero(y > 0).sum()
+                z = y @ b + n
+            return z
+
+        a, b = torch.randn(4, 4), torch.randn(4, 4)
+        gm = trace(f, a, b)
+        split = Partition("cpu")(gm).graph_module
+        self.assertEqual([m.meta["cadence_capturable"] for m in split.children()], [True, False, True])
+        self.assertExpectedInline(split.submod_2.code.strip(), """\
+def forward(self, nonzero, matmul, b_1):
+    _enter_autocast = torch.amp.autocast_mode._enter_autocast('cpu', torch.bfloat16, True, False)
+    sum_1 = torch.ops.aten.sum.default(nonzero);  nonzero = None
+    matmul_1 = torch.ops.aten.matmul.default(matmul, b_1);  matmul = b_1 = None
+    add = torch.ops.aten.add.Tensor(matmul_1, sum_1);  matmul_1 = sum_1 = None
+    _exit_autocast = torch.amp.autocast_mode._exit_autocast(_enter_autocast);  _enter_autocast = _exit_autocast = None
+    return add""")
+        got, want = split(a, b), gm(a, b)
+        self.assertEqual(got.dtype, torch.bfloat16)
+        self.assertTrue(torch.equal(got, want) and torch.equal(got, f(a, b)))
+
     def test_constants_are_sunk_into_the_regions(self):
         model, gm = gate_graph()
         split = Partition("cpu")(gm).graph_module
