@@ -62,6 +62,22 @@ def origins(gm: fx.GraphModule) -> dict[fx.Node, str]:
     return tag
 
 
+def _region_args(n: fx.Node, position: int, env: Mapping, storages: Mapping[str, int], tags: Mapping) -> list[Access]:
+    """The accesses of one op: each argument whose value (in ``env``) is region memory."""
+    writes = set(written_args(n))
+    out = []
+    for a in n.all_input_nodes:
+        val = env.get(a)
+        if not isinstance(val, torch.Tensor):
+            continue
+        ptr = val.untyped_storage().data_ptr()
+        for r, sp in storages.items():
+            if ptr == sp:
+                lo, hi = byte_interval(val)
+                out.append(Access(position, n.name, r, tags.get(a, "?"), "write" if a in writes else "read", lo, hi))
+    return out
+
+
 def record_accesses(gm: fx.GraphModule, args: list, regions: Mapping[str, torch.Tensor]) -> list[Access]:
     """Run ``gm`` on ``args`` and log every region read/write (values are irrelevant)."""
     storages = {r: t.untyped_storage().data_ptr() for r, t in regions.items()}
@@ -73,17 +89,7 @@ def record_accesses(gm: fx.GraphModule, args: list, regions: Mapping[str, torch.
 
         def run_node(self, n):
             if n.op == "call_function" and not is_view(n):
-                writes = set(written_args(n))
-                for a in n.all_input_nodes:
-                    val = self.env.get(a)
-                    if not isinstance(val, torch.Tensor):
-                        continue
-                    ptr = val.untyped_storage().data_ptr()
-                    for r, sp in storages.items():
-                        if ptr == sp:
-                            lo, hi = byte_interval(val)
-                            log.append(Access(self.position, n.name, r, tags.get(a, "?"),
-                                              "write" if a in writes else "read", lo, hi))
+                log.extend(_region_args(n, self.position, self.env, storages, tags))
             self.position += 1
             return super().run_node(n)
 
@@ -144,17 +150,7 @@ def record_region_accesses(gm: fx.GraphModule, regions: Mapping[str, torch.Tenso
                 continue
             if not isinstance(n.target, torch._ops.OpOverload):
                 raise NeedsFullRun(f"{n.name} ({n.target}) takes region memory")
-            writes = set(written_args(n))
-            for a in n.all_input_nodes:
-                val = env.get(a)
-                if not isinstance(val, torch.Tensor):
-                    continue
-                ptr = val.untyped_storage().data_ptr()
-                for r, sp in storages.items():
-                    if ptr == sp:
-                        lo, hi = byte_interval(val)
-                        log.append(Access(position, n.name, r, tags.get(a, "?"),
-                                          "write" if a in writes else "read", lo, hi))
+            log.extend(_region_args(n, position, env, storages, tags))
             if returns_written(n):  # its result is its first argument: region memory if that is
                 if known(n.args[0]):
                     env[n] = env[n.args[0]]
