@@ -87,17 +87,19 @@ class OptimizedToken2Wav(DropIn):
 
     @torch.inference_mode()
     def open_session(self, prompt_tokens: torch.Tensor, prompt_mels: torch.Tensor, spk: torch.Tensor,
-                     *, stream=None) -> Token2WavSession:
+                     *, stream=None, keep_setup: bool = True) -> Token2WavSession:
         """A new stream on these weights: ``set_stream_cache`` without replacing any other stream.
 
         ``stream`` (CUDA only; ignored on CPU): a ``torch.cuda.Stream`` this session's
         steps are launched on, so several sessions' replays may overlap on one GPU
-        (``Token2WavSession.submit``).
+        (``Token2WavSession.submit``).  ``keep_setup``: keep a copy of the post-prompt
+        state, which ``Token2WavSession.reset()`` restores at every new turn (its size is
+        ``setup_bytes``: the prompt's caches; ``False`` saves it when turns never reset).
         """
         session, spk = self._new_session(prompt_tokens, prompt_mels, spk)
         self._opened += 1
         return Token2WavSession(session, spk, int(prompt_mels.shape[1]), self.device,
-                                stream=stream, name=f"session {self._opened}")
+                                stream=stream, name=f"session {self._opened}", keep_setup=keep_setup)
 
     @torch.inference_mode()
     def set_stream_cache(self, prompt_tokens: torch.Tensor, prompt_mels: torch.Tensor, spk: torch.Tensor) -> None:

@@ -10,7 +10,8 @@ import contextlib
 
 import torch
 
-from ...errors import SessionClosed
+from ...errors import InputError, SessionClosed
+from ...runtime.snapshot import SessionSnapshot
 from ..frames import speech_out
 from .inputs import check_chunk, tokens_tensor
 
@@ -41,7 +42,7 @@ class Token2WavSession:
     """
 
     def __init__(self, session, spk: torch.Tensor, prompt_frames: int, device: torch.device,
-                 stream=None, name: str = "session"):
+                 stream=None, name: str = "session", keep_setup: bool = True):
         self.session, self.spk, self.prompt_frames, self.device = session, spk, prompt_frames, device
         self.name = name
         self.cuda_stream = stream if device.type == "cuda" else None
@@ -49,6 +50,8 @@ class Token2WavSession:
             self.cuda_stream.wait_stream(torch.cuda.current_stream(device))  # setup ran on the current stream
         self.last_speech: torch.Tensor | None = None
         self._final_stats: dict | None = None
+        #: the state right after the prompt's set-up, for ``reset`` (a turn of the same voice)
+        self._setup = session.snapshot() if keep_setup else None
 
     @property
     def closed(self) -> bool:
@@ -69,6 +72,45 @@ class Token2WavSession:
     def stream(self, tokens, last_chunk: bool = False, return_waveform: bool = False):
         """Upstream's ``Token2wav.stream`` for this session: PCM bytes (or the waveform)."""
         return self.submit(tokens, last_chunk).result(return_waveform)
+
+    @torch.inference_mode()
+    def reset(self) -> None:
+        """A new turn of the same voice: the state right after the prompt's set-up again.
+
+        What MiniCPM-o's duplex demo does at every turn (it restores a clone of the
+        post-prompt caches): a device copy from the snapshot kept when the session was
+        opened, into the same arena, so the captured graphs stay valid; the prompt's
+        set-up and the capture do not run again.  Bit-exact against stock set up with the
+        same prompt again.  Needs the session opened with ``keep_setup=True`` (the
+        default; ``setup_bytes`` is what that snapshot holds).
+        """
+        self._check_open("reset")
+        if self._setup is None:
+            raise InputError(f"{self.name} was opened with keep_setup=False, so there is no post-prompt state "
+                             f"to reset to; open it with keep_setup=True (the default), or keep your own "
+                             f"snapshot() after set-up and restore() it")
+        with _on_stream(self.cuda_stream):
+            self.session.restore(self._setup)
+        self.last_speech = None
+
+    def snapshot(self) -> SessionSnapshot:
+        """A copy of the carried state and the clock position (see ``restore``)."""
+        self._check_open("snapshot")
+        with _on_stream(self.cuda_stream):
+            return self.session.snapshot()
+
+    def restore(self, snapshot: SessionSnapshot) -> None:
+        """Put back a ``snapshot()`` of this session or of another one of the same prompt
+        length, rules and dtype (in place: the captured graphs stay valid)."""
+        self._check_open("restore")
+        with _on_stream(self.cuda_stream):
+            self.session.restore(snapshot)
+        self.last_speech = None
+
+    @property
+    def setup_bytes(self) -> int:
+        """Bytes of the post-prompt snapshot ``reset`` restores (0 with ``keep_setup=False``)."""
+        return 0 if self._setup is None else self._setup.nbytes
 
     def state(self) -> dict[str, torch.Tensor]:
         """Live views of the carried regions (no copies)."""
@@ -93,6 +135,7 @@ class Token2WavSession:
             self.session.close()
             self.session = None
             self.last_speech = None
+            self._setup = None
 
     def _check_open(self, what: str) -> None:
         if self.session is None:
