@@ -41,6 +41,8 @@ from .base import view_root, written_args
 
 #: methods memoized on every watched module class that defines them
 DEFAULT_METHODS = ("forward",)
+#: held while a memoized trace has its methods patched
+_INSTALL = threading.RLock()
 
 aten = torch.ops.aten
 #: in-place ops that change a tensor's sizes, strides or storage (a copy would not)
@@ -160,7 +162,17 @@ class CallMemo:
     # ------------------------------------------------------------------ install
     @contextlib.contextmanager
     def installed(self) -> Iterator["CallMemo"]:
-        """Patch the memoized methods on the watched modules' classes for this block."""
+        """Patch the memoized methods on the watched modules' classes for this block.
+
+        One memoized trace per process at a time (another thread's waits): two would patch
+        the same classes (``torch.nn.Linear``...) and could restore each other's patches.
+        Other threads running these classes meanwhile call the originals."""
+        with _INSTALL:
+            with self._patched():
+                yield self
+
+    @contextlib.contextmanager
+    def _patched(self) -> Iterator["CallMemo"]:
         classes = []
         for root in self.modules:
             for m in root.modules():

@@ -153,6 +153,25 @@ def test_methods_are_restored_after_the_trace():
     assert (Block.forward, torch.nn.Linear.forward, torch.nn.LayerNorm.forward) == before
 
 
+def test_concurrent_traces_take_turns_and_leave_the_classes_as_they_were():
+    import threading
+    before = (Block.forward, torch.nn.Linear.forward, torch.nn.LayerNorm.forward)
+    nets = [Net([Block() for _ in range(2)]) for _ in range(2)]
+    results: dict = {}
+
+    def run(i):
+        results[i] = _trace(nets[i], True)
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(results[i].memo["copied"] > 0 for i in range(2))
+    for i in range(2):
+        assert _ops(results[i].gm) == _ops(_trace(nets[i], False).gm)
+    assert (Block.forward, torch.nn.Linear.forward, torch.nn.LayerNorm.forward) == before
+
+
 @pytest.mark.parametrize("bad", ["resize"])
 def test_metadata_mutation_refuses_the_template(bad):
     class Resizing(Block):
