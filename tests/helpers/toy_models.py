@@ -315,3 +315,18 @@ def assert_lockstep_exact(stock: ToyStream, stock_state: dict, session, inputs: 
         assert_stream_exact(session.state(), stock_state, stock_out, opt_out, f"step {i}")
     return stock_state
 
+
+
+def toy_entry_graph(adapter, entry_index: int):
+    """(the traced step of one catalog entry, its RegionBindings, the plan), as compile_executable makes them."""
+    from cadence_fx.compiler import build_plan, buffer_bindings, region_bindings
+    from cadence_fx.passes.trace import trace_step
+    from cadence_fx.runtime.arena import Arena
+    plan = build_plan(adapter)
+    entry = plan.catalog[entry_index]
+    scratch = Arena(plan.layout, "cpu")
+    step = adapter.bind(buffer_bindings(adapter.declaration, scratch))
+    state = {r: torch.zeros(entry.regions[r].shape) for r in adapter.signature.regions}
+    with torch.random.fork_rng():
+        gm = trace_step(step, adapter.signature, adapter.example_inputs(), state, {"kv": scratch.full("kv")})
+    return gm, region_bindings(plan, entry), plan

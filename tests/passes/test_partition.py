@@ -34,7 +34,7 @@ from cadence_fx.runtime.arena import Arena
 from cadence_fx.runtime.graphs import ArgSpec, CapturedRegion, fresh_regions, region_stats, run_graph
 from cadence_fx.runtime.session import Session
 
-from helpers.toy_models import ScopedToyAdapter, ToyAdapter, make_toy, toy_inputs
+from helpers.toy_models import ScopedToyAdapter, ToyAdapter, make_toy, toy_entry_graph, toy_inputs
 
 aten = torch.ops.aten
 
@@ -582,18 +582,6 @@ class TestCapturedRegion(TestCase):
 
 
 # ------------------------------------------------------------ compiler pipeline
-def toy_entry_graph(adapter, entry_index: int):
-    """(the traced step of one catalog entry, its RegionBindings), as compile_executable makes them."""
-    plan = build_plan(adapter)
-    entry = plan.catalog[entry_index]
-    scratch = Arena(plan.layout, "cpu")
-    step = adapter.bind(buffer_bindings(adapter.declaration, scratch))
-    state = {r: torch.zeros(entry.regions[r].shape) for r in adapter.signature.regions}
-    with torch.random.fork_rng():
-        gm = trace_step(step, adapter.signature, adapter.example_inputs(), state, {"kv": scratch.full("kv")})
-    return gm, region_bindings(plan, entry), plan
-
-
 class TestPipeline(TestCase):
     def test_rules_append_partition_and_lower_after_the_rewrite(self):
         _, bindings, _ = toy_entry_graph(ToyAdapter(make_toy(), 2), 0)

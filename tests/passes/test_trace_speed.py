@@ -23,7 +23,7 @@ from cadence_fx.passes import trace
 from cadence_fx.passes.trace import trace_step
 from cadence_fx.runtime.arena import Arena
 
-from helpers.toy_models import ToyAdapter, make_toy
+from helpers.toy_models import ToyAdapter, make_toy, toy_entry_graph
 
 needs_tracing_context = pytest.mark.skipif(
     not hasattr(getattr(torch, "_guards", None), "TracingContext"), reason="this torch has no TracingContext")
@@ -31,15 +31,8 @@ needs_tracing_context = pytest.mark.skipif(
 
 def traced_toy(entry_index: int = 1):
     """The toy's step at one catalog entry, traced as the compiler traces it, and its bindings."""
-    adapter = ToyAdapter(make_toy(), 2)
-    plan = build_plan(adapter)
-    entry = plan.catalog[entry_index]
-    scratch = Arena(plan.layout, "cpu")
-    step = adapter.bind(buffer_bindings(adapter.declaration, scratch))
-    state = {r: torch.zeros(entry.regions[r].shape) for r in adapter.signature.regions}
-    with torch.random.fork_rng():
-        gm = trace_step(step, adapter.signature, adapter.example_inputs(), state, {"kv": scratch.full("kv")})
-    return gm, region_bindings(plan, entry)
+    gm, bindings, _ = toy_entry_graph(ToyAdapter(make_toy(), 2), entry_index)
+    return gm, bindings
 
 
 def recorded(gm: fx.GraphModule) -> list:

@@ -347,6 +347,16 @@ def assert_mimi_exact(mimi, codes, where: str, tensor=None) -> None:
         assert torch.equal(t, stock_state[k]), f"{where}: state {k!r} differs from stock"
 
 
+def fresh_mimi_stream(mimi, n: int, seed: int, exact_first: int = 1) -> list:
+    """Both decoders on a new stream, ``n`` frames of it, the first ``exact_first`` streamed and checked."""
+    mimi.stock.reset()
+    mimi.opt.reset()
+    frames = mimi_frames(mimi, n, seed=seed)
+    for k in range(exact_first):
+        assert_mimi_exact(mimi, frames[k], f"frame {k}")
+    return frames
+
+
 def strided_codes(codes) -> torch.Tensor:
     """The frame as a [1, 8, 1] tensor of other strides: the gate sends it to moshi's eager decode."""
     return torch.tensor(codes).repeat_interleave(2).reshape(1, 16, 1)[:, ::2]
@@ -354,11 +364,7 @@ def strided_codes(codes) -> torch.Tensor:
 
 @needs_moshi
 def test_mimi_graph_fault_breaks_the_session_until_restore(mimi):
-    mimi.stock.reset()
-    mimi.opt.reset()
-    frames = mimi_frames(mimi, 5, seed=21)
-    for k in range(2):
-        assert_mimi_exact(mimi, frames[k], f"frame {k}")
+    frames = fresh_mimi_stream(mimi, 5, seed=21, exact_first=2)
     snap = mimi.opt.session.snapshot()
     error = KeyboardInterrupt()
     with pytest.raises(KeyboardInterrupt) as info, FaultAt(100, error):
@@ -377,10 +383,7 @@ def test_mimi_graph_fault_breaks_the_session_until_restore(mimi):
 @needs_moshi
 def test_mimi_fallback_fault_leaves_the_state_as_it_was(mimi):
     """moshi's eager decode updates its state in place: the session hands it private copies."""
-    mimi.stock.reset()
-    mimi.opt.reset()
-    frames = mimi_frames(mimi, 4, seed=22)
-    assert_mimi_exact(mimi, frames[0], "frame 0")
+    frames = fresh_mimi_stream(mimi, 4, seed=22)
     session = mimi.opt.session
     snap = session.snapshot()
     with OpCounter() as count:
@@ -404,10 +407,7 @@ def test_mimi_fallback_fault_leaves_the_state_as_it_was(mimi):
 
 @needs_moshi
 def test_mimi_second_thread_is_refused_while_a_frame_decodes(mimi):
-    mimi.stock.reset()
-    mimi.opt.reset()
-    frames = mimi_frames(mimi, 3, seed=23)
-    assert_mimi_exact(mimi, frames[0], "frame 0")
+    frames = fresh_mimi_stream(mimi, 3, seed=23)
     stock_wave = torch.from_numpy(mimi.stock.stream(frames[1], return_waveform=True))
     with in_flight(lambda: mimi.opt.stream(frames[1], return_waveform=True), hold_at=300) as first:
         with pytest.raises(SessionBusy):

@@ -12,10 +12,10 @@ from ..frames import speech_out
 from .adapter import STOCK_BUFFERS, Token2WavAdapter, module_buffer
 from .inputs import check_prompt
 from .session import Token2WavSession, step_chunk
-from .stock import StepConfig, Token2WavTail
+from .stock import FlowPlacement, StepConfig, Token2WavTail
 
 
-class OptimizedToken2Wav(DropIn):
+class OptimizedToken2Wav(FlowPlacement, DropIn):
     """Drop-in for ``Token2WavTail`` built by ``cadence_fx.optimize``.
 
     Shares the stock tail's parameters and ``rand_noise``.  With rule S it does not
@@ -50,14 +50,6 @@ class OptimizedToken2Wav(DropIn):
         self.spk = None
         self.prompt_frames = None
         self._opened = 0  # sessions opened by open_session (for their names)
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.flow.parameters()).device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return torch.float16 if self.float16 else torch.float32
 
     def adapter_for(self, prompt_frames: int, spk: torch.Tensor) -> Token2WavAdapter:
         """The adapter for streams of ``prompt_frames`` (its executable's key, with ``spk``'s spec)."""

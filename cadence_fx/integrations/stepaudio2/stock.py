@@ -229,8 +229,20 @@ TOKEN2WAV_DECLARATION = dict(
 )
 
 
+class FlowPlacement:
+    """``device`` and ``dtype`` of a tail holding ``flow`` and ``float16`` (stock and optimized alike)."""
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.flow.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float16 if self.float16 else torch.float32
+
+
 @native_clock(**TOKEN2WAV_DECLARATION)
-class Token2WavTail:
+class Token2WavTail(FlowPlacement):
     """The stock streaming tail: upstream ``Token2wav.stream`` on features.
 
     ``set_stream_cache(prompt_tokens, prompt_mels, spk)`` replaces upstream's
@@ -250,14 +262,6 @@ class Token2WavTail:
         self.stream_state: dict[str, torch.Tensor] | None = None
         self.spk: torch.Tensor | None = None
         self.prompt_frames: int | None = None
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.flow.parameters()).device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return torch.float16 if self.float16 else torch.float32
 
     def to(self, device) -> "Token2WavTail":
         self.flow.to(device)

@@ -6,6 +6,7 @@ an instance lives in a worker and builds, applies and streams its variant.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import os
 import time
@@ -37,6 +38,10 @@ def state_sha256(state: Mapping[str, Any], n_timesteps: int | None = None) -> st
         h.update(f"{name} {t.dtype} {tuple(t.shape)};".encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
+
+
+def _fill(template: str, report: Mapping[str, Any]) -> str:
+    return template.format_map(collections.defaultdict(lambda: None, report))
 
 
 class BenchModel:
@@ -92,13 +97,20 @@ class BenchModel:
         """Where the report was measured: the GPU's name, else the device."""
         return report.get("gpu") or report.get("device")
 
+    #: the report title's first words (markdown), then what was measured and the plot
+    #: subtitle's few words, as templates over the report's keys (a missing key prints None)
+    heading: str = ""
+    configuration: str = "{dtype}"
+    short: str = "{dtype}"
+
     @classmethod
     def title(cls, report: Mapping[str, Any]) -> str:
-        raise NotImplementedError
+        return (f"{cls.heading} on {cls.machine(report)}, torch {report.get('torch')}, "
+                f"{_fill(cls.configuration, report)}, {report.get('date')}")
 
     @classmethod
     def subtitle(cls, report: Mapping[str, Any]) -> str:
-        return f"{cls.machine(report)}, {cls.name}, {report.get('dtype')}"
+        return f"{cls.machine(report)}, {_fill(cls.short, report)}"
 
     @classmethod
     def notes(cls, variants: Mapping[str, Mapping[str, Any]]) -> list[str]:
@@ -167,15 +179,10 @@ class Token2WavBench(BenchModel):
     def stem(cls, out, opts):
         return super().stem(out, opts) + f"-nt{opts['n_timesteps']}"
 
-    @classmethod
-    def title(cls, report):
-        return (f"**Token2Wav bench** on {cls.machine(report)}, torch {report.get('torch')}, "
-                f"{report.get('dtype')}, {report.get('n_timesteps')} flow steps, prompt {report.get('prompt_tokens')} "
-                f"tokens, {report.get('blocks')} blocks x {report.get('chunks')} chunks, {report.get('date')}")
-
-    @classmethod
-    def subtitle(cls, report):
-        return f"{cls.machine(report)}, {report.get('dtype')}, {report.get('n_timesteps')} steps"
+    heading = "**Token2Wav bench**"
+    configuration = ("{dtype}, {n_timesteps} flow steps, prompt {prompt_tokens} tokens, {blocks} blocks x "
+                     "{chunks} chunks")
+    short = "{dtype}, {n_timesteps} steps"
 
     @classmethod
     def notes(cls, variants):
@@ -301,16 +308,9 @@ class MimiBench(BenchModel):
         return {"dtype": "float32", "unit": cls.unit, "frame_samples": mm.FRAME_SAMPLES, "sample_rate": 24000,
                 "codebooks": mm.N_Q, "upstream": f"moshi {mm.UPSTREAM_VERSION}"}
 
-    @classmethod
-    def title(cls, report):
-        return (f"**Mimi bench** (moshi decode, one 80 ms frame = 8 codes -> 1,920 samples per chunk) on "
-                f"{cls.machine(report)}, torch {report.get('torch')}, float32, "
-                f"{report.get('blocks')} blocks x {report.get('chunks')} frames after {report.get('warmup')} "
-                f"warm-up frames, {report.get('date')}")
-
-    @classmethod
-    def subtitle(cls, report):
-        return f"{cls.machine(report)}, Mimi decode, float32"
+    heading = "**Mimi bench** (moshi decode, one 80 ms frame = 8 codes -> 1,920 samples per chunk)"
+    configuration = "float32, {blocks} blocks x {chunks} frames after {warmup} warm-up frames"
+    short = "Mimi decode, float32"
 
     @classmethod
     def targets(cls, variants):

@@ -75,24 +75,26 @@ def cmd_serve_sim(args) -> int:
     return 0 if report["exact"] in (True, None) else 1
 
 
+def _speak(r: dict[str, Any], misses: str) -> str:
+    """One run's SPEAK time, deadline misses and peak memory, as the serve report prints them."""
+    sp = r.get("speak_ms") or {}
+    peak = r.get("peak_memory_bytes")
+    return (f"SPEAK mean {sp.get('mean')} p99 {sp.get('p99')} ms, misses {misses}, "
+            f"peak {'n/a' if peak is None else f'{peak / 2 ** 20:,.0f} MiB'}")
+
+
 def _format_serve(report: dict[str, Any]) -> str:
-    mib = lambda b: "n/a" if b is None else f"{b / 2 ** 20:,.0f} MiB"  # noqa: E731
     lines = [f"serve-sim {report['model']} on {report['device']}, rules {report['rules']}, {report['mix']}, "
              f"budget {report['budget_ms']:.0f} ms per tick"]
     if "sweep" in report:
         for mode, points in report["sweep"].items():
             for p in points:
-                sp = p.get("speak_ms") or {}
-                lines.append(f"  {mode:>9} N={p['sessions']:>3}: {p['status']:<5} SPEAK mean {sp.get('mean')} "
-                             f"p99 {sp.get('p99')} ms, misses {p.get('deadline_misses')}, "
-                             f"peak {mib(p.get('peak_memory_bytes'))}")
+                lines.append(f"  {mode:>9} N={p['sessions']:>3}: {p['status']:<5} {_speak(p, p.get('deadline_misses'))}")
         lines.append(f"largest N holding the cadence: {report['max_sessions_holding_cadence']}")
         return "\n".join(lines)
     for mode, r in report["modes"].items():
-        sp = r.get("speak_ms") or {}
-        lines.append(f"  {mode:>9}: {r['sessions']} sessions, {r['status']}, SPEAK mean {sp.get('mean')} "
-                     f"p99 {sp.get('p99')} ms, misses {r.get('deadline_misses')}/{r.get('speaking_ticks')}, "
-                     f"peak {mib(r['peak_memory_bytes'])}")
+        misses = f"{r.get('deadline_misses')}/{r.get('speaking_ticks')}"
+        lines.append(f"  {mode:>9}: {r['sessions']} sessions, {r['status']}, {_speak(r, misses)}")
     lines.append(f"every session's PCM identical between modes: {report['exact']}")
     return "\n".join(lines)
 
