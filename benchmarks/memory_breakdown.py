@@ -24,7 +24,7 @@ import torch
 
 import cadence_fx
 from cadence_fx.integrations import stepaudio2 as s2
-from cadence_fx.verify import deterministic_protocol
+from cadence_fx.lockstep import deterministic_protocol
 
 MiB = 2 ** 20
 

@@ -45,7 +45,7 @@ def run_cadence(args) -> dict:
     import torch
     import cadence_fx
     from cadence_fx.integrations import stepaudio2 as s2
-    from cadence_fx.verify import compare_streams, deterministic_protocol
+    from cadence_fx.lockstep import compare_streams, deterministic_protocol
     if args.device == "cuda":
         deterministic_protocol()
     device = torch.device(args.device)

@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     import torch
     import cadence_fx
     from cadence_fx.integrations import stepaudio2 as s2
-    from cadence_fx.verify import compare_streams, deterministic_protocol
+    from cadence_fx.lockstep import compare_streams, deterministic_protocol
 
     deterministic_protocol()
     device = torch.device(args.device)

@@ -28,7 +28,7 @@ import torch.fx as fx
 
 from .adapter import StreamingAdapter
 from .annotations import Declaration
-from .errors import RulesError, TraceError
+from .errors import DeclarationError, RulesError, TraceError
 from .passes.base import PassManager, this_before_that
 from .passes.early_writeback import EarlyWriteback
 from .passes.fold_host_constants import FoldHostConstants
@@ -146,6 +146,7 @@ def _compile(adapter: StreamingAdapter, rules: "str | Rules",
     plan = build_plan(adapter)
     say = progress or (lambda msg: None)
     sig = adapter.signature
+    check_signature(adapter.declaration, sig, plan)
     if rules.stable_state:
         # Trace on a scratch arena of the same layout: tracing runs the step for real,
         # and must not touch any live session's state or the caller's generators.
@@ -205,6 +206,24 @@ def _compile(adapter: StreamingAdapter, rules: "str | Rules",
     del step
     notes["setup_s"] = _setup_totals(notes["setup"])
     return Executable(plan, entries, sig.inputs, sig.outputs, carried, rules, notes, spare_arena=scratch)
+
+
+def check_signature(declaration: Declaration, sig: meta.StepSignature, plan: Plan) -> None:
+    """Every region the step carries is declared, carried and in the catalog (a finite
+    retention); else ``DeclarationError`` naming it (never a bare ``KeyError`` later)."""
+    declared = {r.name: r for r in declaration.regions}
+    for name in sig.regions:
+        region = declared.get(name)
+        if region is None:
+            raise DeclarationError(f"the step carries {name!r}, which the declaration lacks (regions: "
+                                   f"{sorted(declared)}); declare Region({name!r}, ...)")
+        if not region.carried:
+            raise DeclarationError(f"the step carries {name!r}, declared carried=False (per-step scratch); "
+                                   f"declare it carried=True or stop returning it")
+        if name not in plan.catalog[0].regions:
+            raise DeclarationError(f"region {name!r} is {region.retention}: its extent grows without bound, so "
+                                   f"no finite catalog of shapes exists and no arena slot can hold it; declare "
+                                   f"what the model keeps (Window, ChunkPad, Ring) or leave the model unoptimized")
 
 
 def _setup_totals(per_entry: dict) -> dict:

@@ -37,12 +37,17 @@ class Declaration:
         step: name of the model method that performs one streaming step
             (documentation and introspection only).
         unit: what one step consumes/produces, in words (e.g. "chunk of 25 tokens").
+        initial_state: name of the model method that returns the state before the first
+            step (the generic path, ``integrations.generic``: ``optimize`` needs no
+            adapter when the step method takes its inputs and then one tensor per
+            carried region); ``None`` where an adapter sets the stream up.
     """
 
     clocks: tuple[Clock, ...]
     regions: tuple[Region, ...]
     step: str = "step"
     unit: str | None = None
+    initial_state: str | None = None
 
     def __post_init__(self) -> None:
         clocks = _as_tuple(self.clocks, Clock, "clocks")
@@ -79,6 +84,10 @@ class Declaration:
             raise DeclarationError(f"step={self.step!r} must name the model's streaming-step method")
         if self.unit is not None and not isinstance(self.unit, str):
             raise DeclarationError(f"unit={self.unit!r} must be a string or None")
+        if self.initial_state is not None and (not isinstance(self.initial_state, str)
+                                               or not self.initial_state.isidentifier()):
+            raise DeclarationError(f"initial_state={self.initial_state!r} must name the model method that returns "
+                                   f"the state before the first step, or be None")
 
     def clock(self, name: str) -> Clock:
         """The clock called ``name``."""
@@ -100,6 +109,7 @@ class Declaration:
             "regions": [r.to_json() for r in self.regions],
             "step": self.step,
             "unit": self.unit,
+            "initial_state": self.initial_state,
         }
 
 
@@ -122,14 +132,18 @@ def _no_duplicates(names: list[str], kind: str) -> None:
 
 
 def native_clock(*, clocks: Iterable[Clock], regions: Iterable[Region], step: str = "step",
-                 unit: str | None = None) -> Callable[[T], T]:
+                 unit: str | None = None, initial_state: str | None = None) -> Callable[[T], T]:
     """Declare native clocks and regions; returns a decorator for a class or instance.
+
+    ``step`` names the streaming-step method and ``initial_state`` the method giving the
+    state before the first step; with both, a model whose step takes its inputs and then
+    one tensor per carried region needs no adapter (``cadence_fx.optimize`` takes it as it is).
 
     The decorator stores the ``Declaration`` under ``__cadence_declaration__`` on its
     argument and returns the argument itself: on a class it applies to every instance
     (and subclass), on an instance to that instance only.
     """
-    declaration = Declaration(clocks=clocks, regions=regions, step=step, unit=unit)
+    declaration = Declaration(clocks=clocks, regions=regions, step=step, unit=unit, initial_state=initial_state)
 
     def attach(target: T) -> T:
         try:

@@ -36,7 +36,7 @@ def write_wav(path: str, pcm: bytes, sample_rate: int) -> str:
 def run(args) -> int:
     import numpy as np
     import torch
-    from ..verify import compare_streams, deterministic_protocol
+    from ..lockstep import compare_streams, deterministic_protocol
     if torch.device(args.device).type == "cuda":
         deterministic_protocol()
     say = progress(False)

@@ -1,4 +1,4 @@
-"""``cadence-fx verify``: stock against optimized, every chunk, bit for bit (``cadence_fx.verify``).
+"""``cadence-fx verify``: stock against optimized, every chunk, bit for bit (``cadence_fx.lockstep``).
 
 ``--prompt-tokens 23,41`` streams each prompt length in turn through ONE optimized model
 (each against its own stock stream, the same chunks and seeds): the first length traces,
@@ -51,7 +51,7 @@ def setup_row(prompt_tokens: int, seconds: float, split: dict) -> dict:
 
 def run(args) -> int:
     import torch
-    from ..verify import compare_streams, deterministic_protocol, format_table
+    from ..lockstep import compare_streams, deterministic_protocol, format_table
     if torch.device(args.device).type == "cuda":
         deterministic_protocol()
     spec = model_of(args)

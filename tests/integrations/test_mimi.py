@@ -20,7 +20,7 @@ from cadence_fx import InputError
 from cadence_fx.tools import cli
 from cadence_fx.compiler import build_plan
 from cadence_fx.integrations.upstream import installed_version, module_constants
-from cadence_fx.verify import compare_streams
+from cadence_fx.lockstep import compare_streams
 
 from helpers.marks import cuda, keep_report
 

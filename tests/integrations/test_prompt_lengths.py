@@ -16,7 +16,7 @@ from cadence_fx.integrations import stepaudio2 as s2
 from cadence_fx.passes.specialize import specialize
 from cadence_fx.passes.trace import trace_step
 from cadence_fx.runtime.arena import Arena
-from cadence_fx.verify import compare_streams
+from cadence_fx.lockstep import compare_streams
 
 from helpers.graph_structure import structure
 

@@ -24,7 +24,7 @@ from cadence_fx.tools import cli
 from cadence_fx.compiler import build_plan
 from cadence_fx.integrations import stepaudio2 as s2
 from cadence_fx.integrations.upstream import installed_version
-from cadence_fx.verify import compare_streams
+from cadence_fx.lockstep import compare_streams
 
 from helpers.marks import cuda, keep_report
 
@@ -168,7 +168,7 @@ def _upstream_token2wav_class():
 @cuda
 @pytest.mark.parametrize("n_timesteps", [5, 10])
 def test_stock_restatement_equals_upstream_token2wav_stream(n_timesteps):
-    from cadence_fx.verify import deterministic_protocol
+    from cadence_fx.lockstep import deterministic_protocol
     deterministic_protocol()
     Token2wav = _upstream_token2wav_class()
     flow, hift = s2.build_modules(0)

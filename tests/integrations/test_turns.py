@@ -14,7 +14,7 @@ import torch
 
 import cadence_fx
 from cadence_fx.integrations import stepaudio2 as s2
-from cadence_fx.verify import compare_streams
+from cadence_fx.lockstep import compare_streams
 
 CPU = torch.device("cpu")
 

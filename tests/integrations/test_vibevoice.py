@@ -26,7 +26,7 @@ from cadence_fx.tools import cli
 from cadence_fx.compiler import build_plan, preview_partition
 from cadence_fx.integrations import vibevoice as vv
 from cadence_fx.integrations.upstream import installed_version
-from cadence_fx.verify import compare_streams
+from cadence_fx.lockstep import compare_streams
 
 from helpers.marks import cuda, keep_report
 

@@ -251,7 +251,7 @@ def test_token2wav_loads_its_programs_for_a_new_prompt_length(t2w, tmp_path):
     """The shared model's symbolic steps, written to ``tmp_path`` and loaded by a fresh
     store, specialize a prompt length no test uses, exact against stock."""
     from cadence_fx.integrations import stepaudio2 as s2
-    from cadence_fx.verify import compare_streams
+    from cadence_fx.lockstep import compare_streams
     cpu = torch.device("cpu")
     prompt = s2.synthetic_prompt(5, seed=1)
     t2w.tail.set_stream_cache(*prompt)

@@ -525,7 +525,7 @@ def test_token2wav_second_thread_is_refused_and_the_first_chunk_is_exact(t2w, t2
 @pytest.fixture(scope="module")
 def cuda_toy():
     """The toy under rules SRc on the GPU, with the deterministic protocol on (restored after)."""
-    from cadence_fx.verify import deterministic_protocol
+    from cadence_fx.lockstep import deterministic_protocol
     was, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
     deterministic_protocol()
     adapter = ToyAdapter(make_toy(RETAIN).to("cuda"), PROMPT)

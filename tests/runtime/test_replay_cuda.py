@@ -6,7 +6,7 @@ each optimized step the CPU and CUDA generators are set to the same state, and e
 output and every carried state tensor must be ``torch.equal``.  The toy's step draws
 ``torch.rand`` on the device, so this also checks that a replayed draw is eager's draw
 and that a replay advances the generator exactly as eager does.  The deterministic
-protocol (``cadence_fx.verify.deterministic_protocol``) is on for the whole module.
+protocol (``cadence_fx.lockstep.deterministic_protocol``) is on for the whole module.
 
 SRc captures one graph per catalog entry; SR (``ScopedToyAdapter``: the attention
 call in ``scope("attn")``) captures three, before, inside and after the attention.
@@ -21,7 +21,7 @@ import torch
 
 from cadence_fx.compiler import compile_executable
 from cadence_fx.runtime.graphs import CapturedRegion, region_stats
-from cadence_fx.verify import deterministic_protocol
+from cadence_fx.lockstep import deterministic_protocol
 
 from helpers.toy_models import CHANNELS, FRAMES, ScopedToyAdapter, ToyAdapter, assert_stream_exact, make_toy, toy_inputs, \
     toy_prompt

@@ -311,7 +311,7 @@ def test_out_of_memory_while_capturing_leaves_that_entry_eager_and_counted(monke
 @pytest.fixture
 def deterministic():
     """The protocol stock eager needs to be bit-reproducible on a GPU; restored after."""
-    from cadence_fx.verify import deterministic_protocol
+    from cadence_fx.lockstep import deterministic_protocol
     was, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
     deterministic_protocol()
     yield

@@ -23,7 +23,7 @@ import time
 import traceback
 from typing import Any, Callable, Sequence
 
-from ...verify import chunk_seed
+from ...lockstep import chunk_seed
 from .. import registry
 from . import BenchError
 from .cmd import check_variants, model_args
@@ -71,7 +71,7 @@ class BenchWorker:
 
     def __init__(self, args, say: Callable[[str], None]):
         import torch
-        from ...verify import deterministic_protocol
+        from ...lockstep import deterministic_protocol
         check_variants([args.variant], args.device, args.model)
         spec = registry.bench_model(args.model)
         spec.check_options(vars(args))

@@ -24,7 +24,7 @@ def _resolve(args):
     if args.rules == "auto":
         args.rules = "SRc" if device.type == "cuda" else "S"
     if device.type == "cuda":
-        from ...verify import deterministic_protocol
+        from ...lockstep import deterministic_protocol
         deterministic_protocol()  # stock eager is bit-reproducible on a GPU only with it
     return device
 

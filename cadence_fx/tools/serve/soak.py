@@ -16,7 +16,7 @@ def check_chunk_against_stock(tail, session, tokens: list[int], seed: int, hooks
     PCM and every next state."""
     import torch
     from ...pcm import pcm_bytes
-    from ...verify import live_extent
+    from ...lockstep import live_extent
     hooks.load_stock_state(tail, session)
     torch.manual_seed(seed)
     wave_s = tail.stream(tokens, return_waveform=True)
