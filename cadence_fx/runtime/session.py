@@ -184,6 +184,13 @@ class Session:
 
     @torch.no_grad()  # streaming state never records autograd history; grad mode is restored after
     def step(self, inputs: Mapping[str, torch.Tensor], **flags: Any) -> dict[str, torch.Tensor]:
+        """One streaming step: ``inputs`` by name -> the outputs by name (fresh tensors).
+
+        Runs the catalog entry's program (graph or replay) on the state in place when the
+        inputs and state fit its signature; otherwise, or with any flag set, the adapter's
+        eager ``fallback`` on private copies (the reason counted in ``stats()``).
+        ``InputError`` for a missing, non-tensor, misplaced, mistyped or misranked input
+        (the state untouched)."""
         with self._exclusive("step"):
             self._check_usable("step")
             self._validate(inputs)

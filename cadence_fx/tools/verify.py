@@ -24,6 +24,10 @@ def add_args(p) -> None:
     p.add_argument("--chunks", type=int, default=8)
     p.add_argument("--final-tokens", type=int, default=0, help="end with a flush chunk of this many tokens")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--module", default=None, metavar="PKG.MOD:FACTORY",
+                   help="verify your own model: FACTORY() returns (model, inputs), a model in the generic step "
+                        "form and one entry per chunk; --rules, --seed and --json apply, the other model options "
+                        "do not")
 
 
 def how_words(split: dict) -> str:
@@ -50,6 +54,8 @@ def setup_row(prompt_tokens: int, seconds: float, split: dict) -> dict:
 
 
 def run(args) -> int:
+    if args.module:
+        return run_module(args)
     import torch
     from ..lockstep import compare_streams, deterministic_protocol, format_table
     if torch.device(args.device).type == "cuda":
@@ -94,6 +100,36 @@ def run(args) -> int:
     })
     report["exact"] = all(r["exact"] for r in report["per_prompt"])  # every length's (the first's: per_prompt[0])
     _print(args, report, runs, compile_s, format_table)
+    return 0 if report["exact"] else 1
+
+
+def run_module(args) -> int:
+    """``--module pkg.mod:factory``: ``cadence_fx.verify`` on what the factory returns."""
+    import importlib
+    import torch
+    from .. import verify
+    from ..errors import CadenceError
+    from ..lockstep import deterministic_protocol, format_table
+    mod, _, attr = args.module.partition(":")
+    if not mod or not attr.isidentifier():
+        raise CadenceError(f"--module {args.module!r}: write it as pkg.mod:factory (a function returning "
+                           f"(model, inputs))")
+    try:
+        factory = getattr(importlib.import_module(mod), attr)
+    except (ImportError, AttributeError) as e:
+        raise CadenceError(f"--module {args.module!r}: {type(e).__name__}: {e}") from e
+    model, inputs = factory()
+    device = next((t.device for t in list(model.parameters()) + list(model.buffers())), torch.device("cpu"))
+    if device.type == "cuda":
+        deterministic_protocol()
+    report = verify(model, inputs, rules=args.rules, seed=args.seed, progress=progress(args.quiet))
+    out = sys.stderr if args.json else sys.stdout
+    print(format_table(report), file=out)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(f"exact: {report['exact']}  chunks: {report['chunks']}  fallbacks: {report['fallbacks']} "
+              f"{report['fallback_reasons'] or ''}")
     return 0 if report["exact"] else 1
 
 
