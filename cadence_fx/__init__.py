@@ -34,7 +34,8 @@ def optimize(model: Any, rules: str = "S", progress: Callable[[str], None] | Non
     ``~/.cache/cadence_fx``); a path, that directory; False, nowhere.
 
     A model of a registered family (``register``, or the built-in Token2Wav, Mimi and
-    VibeVoice tails) gets its family's drop-in.  Any other declared model takes the
+    VibeVoice tails, and the upstream objects moshi's ``MimiModel`` and VibeVoice's
+    ``VibeVoiceAcousticTokenizerModel``, their APIs kept) gets its family's drop-in.  Any other declared model takes the
     generic path (``integrations.generic.OptimizedModule``): its ``native_clock`` names a
     ``step`` method taking its inputs and then one tensor per carried region, and an
     ``initial_state`` method.  Its ``options``: ``dims`` (values of the declaration's
@@ -43,9 +44,9 @@ def optimize(model: Any, rules: str = "S", progress: Callable[[str], None] | Non
     and raise ``DeclarationError`` on any difference; default: max(8, twice the catalog)).
     """
     from .integrations import factory_for
-    get_declaration(model)  # a clear error if the model declares no clocks
     factory = factory_for(model)
     if factory is None:
+        get_declaration(model)  # a clear error if the model declares no clocks
         from .integrations.generic import OptimizedModule
         factory = OptimizedModule
     from .integrations.generic.dropin import accepts

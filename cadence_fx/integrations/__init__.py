@@ -23,6 +23,13 @@ BUILTIN: dict[tuple[str, str], tuple[str, str]] = {
         ("cadence_fx.integrations.moshi.dropin", "OptimizedMimi"),
     ("cadence_fx.integrations.vibevoice.stock", "VibeVoiceDecoder"):
         ("cadence_fx.integrations.vibevoice.dropin", "OptimizedVibeVoice"),
+    # the upstream objects users hold, their own APIs kept
+    ("stepaudio2.token2wav", "Token2wav"):
+        ("cadence_fx.integrations.stepaudio2.model_api", "OptimizedUpstreamToken2wav"),
+    ("moshi.models.compression", "MimiModel"):
+        ("cadence_fx.integrations.moshi.model_api", "OptimizedMimiModel"),
+    ("vibevoice.modular.modular_vibevoice_tokenizer", "VibeVoiceAcousticTokenizerModel"):
+        ("cadence_fx.integrations.vibevoice.model_api", "OptimizedAcousticTokenizer"),
 }
 
 _REGISTERED: dict[type, Callable[..., Any]] = {}

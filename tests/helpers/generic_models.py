@@ -41,7 +41,8 @@ class CausalDecoder(nn.Module):
         self.out = nn.Linear(WIDTH, CHANNELS)
 
     def initial_state(self):
-        return {"ctx": torch.zeros(1, CHANNELS, 0), "kv": torch.zeros(2, WIDTH, 0)}
+        device = self.out.weight.device
+        return {"ctx": torch.zeros(1, CHANNELS, 0, device=device), "kv": torch.zeros(2, WIDTH, 0, device=device)}
 
     def stream(self, x, ctx, kv, last: bool = False):
         h = torch.cat([ctx, x], dim=2)
@@ -51,7 +52,7 @@ class CausalDecoder(nn.Module):
         new = torch.stack([self.k(t), self.v(t)]).transpose(1, 2)
         kv = torch.cat([kv, new], dim=2)[:, :, -self.kv_keep:]
         att = torch.softmax(self.q(t) @ kv[0] / WIDTH ** 0.5, -1) @ kv[1].transpose(0, 1)
-        y = self.out(att).transpose(0, 1)[None] + 0.01 * torch.randn(1, CHANNELS, x.shape[2])
+        y = self.out(att).transpose(0, 1)[None] + 0.01 * torch.randn(1, CHANNELS, x.shape[2], device=x.device)
         if last:
             y = y + 1.0  # the flush: runs eagerly, counted
         return y, ctx, kv

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -21,8 +22,10 @@ from cadence_fx import (CadenceError, Clock, DeclarationError, Fixed, InputError
                         Window, native_clock)
 from cadence_fx.integrations.generic import OptimizedModule
 from cadence_fx.integrations.generic.adapter import resolve_dims
-from tests.helpers.generic_models import (CHANNELS, FRAMES, CausalDecoder, PromptDecoder, decoder_declaration,
-                                          factory)
+from helpers.marks import cuda
+from helpers.generic_models import CHANNELS, FRAMES, CausalDecoder, PromptDecoder, decoder_declaration
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def chunks(n: int, seed: int = 1, frames: int = FRAMES, shape=None) -> list[torch.Tensor]:
@@ -272,6 +275,31 @@ def test_resolve_dims_reads_a_window_prefix_and_off_axis_sizes():
     assert resolve_dims(object(), decl, {"prompt": 5}, {"kv": torch.zeros(3, 11)}) == {"prompt": 5, "heads": 3}
 
 
+@cuda
+@pytest.mark.parametrize("rules", ["S", "SR", "SRc"])
+def test_the_generic_path_replays_exactly_on_cuda(rules):
+    from cadence_fx.lockstep import deterministic_protocol
+    deterministic_protocol()
+    stock, mine = model().cuda(), model().cuda()
+    opt = cadence_fx.optimize(mine, rules=rules)
+    xs = [x.cuda() for x in chunks(20)]
+    session = opt.open_session()
+    state = stock.initial_state()
+    for i, x in enumerate(xs):
+        torch.manual_seed(i)
+        with torch.no_grad():
+            want, *carried = stock.stream(x, state["ctx"], state["kv"])
+        state = dict(zip(("ctx", "kv"), carried))
+        torch.manual_seed(i)
+        got = session.step(x)
+        assert torch.equal(got, want), f"chunk {i}"
+        assert all(torch.equal(session.state()[r], state[r]) for r in state), f"chunk {i}"
+    stats = session.stats()
+    assert stats["fallback_total"] == 0 and stats["shadow"]["checked"] == 18
+    kind = "graph_runs" if rules == "S" else "replays"
+    assert sum(stats[kind].values()) >= 20 - (0 if rules == "S" else 1), stats
+
+
 # ------------------------------------------------------------------ registration and the CLI
 def test_register_is_by_class_object_and_a_same_named_class_is_not_hijacked():
     class MimiDecoder(CausalDecoder):  # the name of a built-in family, in another module
@@ -299,10 +327,10 @@ def test_register_is_by_class_object_and_a_same_named_class_is_not_hijacked():
 def test_cli_verify_takes_a_module_factory():
     proc = subprocess.run([sys.executable, "-m", "cadence_fx", "verify", "--module",
                            "tests.helpers.generic_models:factory", "--json", "--quiet"],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["exact"] is True and report["chunks"] == 24 and report["model"] == "CausalDecoder"
     bad = subprocess.run([sys.executable, "-m", "cadence_fx", "verify", "--module", "tests.helpers.generic_models"],
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert bad.returncode == 2 and "pkg.mod:factory" in bad.stderr

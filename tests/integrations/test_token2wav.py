@@ -12,7 +12,6 @@ import gc
 import json
 import os
 import sys
-import types
 import weakref
 
 import numpy as np
@@ -27,6 +26,7 @@ from cadence_fx.integrations.upstream import installed_version
 from cadence_fx.lockstep import compare_streams
 
 from helpers.marks import cuda, keep_report
+from helpers.upstream_token2wav import upstream_token2wav_class
 
 
 
@@ -153,24 +153,12 @@ def test_bad_input_is_rejected_and_loses_no_state():
 
 
 # ----------------------------------------------------------------------- CUDA only
-def _upstream_token2wav_class():
-    """upstream ``Token2wav`` without its front-end packages (stream() does not use them)."""
-    for name in ("s3tokenizer", "hyperpyyaml", "librosa", "librosa.filters"):
-        if name not in sys.modules:
-            stub = types.ModuleType(name)
-            stub.load_hyperpyyaml = stub.mel = None
-            sys.modules[name] = stub
-    s2.upstream_modules()
-    from stepaudio2.token2wav import Token2wav  # noqa: E402 - needs the stubs above
-    return Token2wav
-
-
 @cuda
 @pytest.mark.parametrize("n_timesteps", [5, 10])
 def test_stock_restatement_equals_upstream_token2wav_stream(n_timesteps):
     from cadence_fx.lockstep import deterministic_protocol
     deterministic_protocol()
-    Token2wav = _upstream_token2wav_class()
+    Token2wav = upstream_token2wav_class()
     flow, hift = s2.build_modules(0)
     flow, hift = flow.cuda(), hift.cuda()
     ours = s2.Token2WavTail(flow, hift, n_timesteps=n_timesteps)

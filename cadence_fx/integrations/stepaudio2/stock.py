@@ -174,11 +174,15 @@ def stream_step(flow, hift, window, cfg: StepConfig, inputs: Mapping[str, torch.
 
 def setup_step(flow, cfg: StepConfig, prompt_tokens: torch.Tensor, prompt_mels: torch.Tensor,
                spk: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Upstream ``set_stream_cache`` from features: prompt + 3 silence tokens."""
+    """Upstream ``set_stream_cache`` from features: prompt + 3 silence tokens, run as
+    upstream runs it, outside autocast.  With fp16 weights ``setup_cache`` needs fp16
+    features, so the prompt mels and speaker vector are cast to half here (upstream's
+    own class needs them so; fp16 users of it, e.g. llama.cpp-omni's token2wav, patch
+    ``setup_cache`` to ``.half()`` them); the chunks keep the speaker vector as given."""
     pad = torch.full((1, LOOKAHEAD_TOKENS), SILENCE_TOKEN, dtype=prompt_tokens.dtype, device=prompt_tokens.device)
-    with autocast_for(cfg):
-        cache = flow.setup_cache(torch.cat([prompt_tokens, pad], dim=1), prompt_mels, spk,
-                                 n_timesteps=cfg.n_timesteps)
+    if cfg.float16:
+        prompt_mels, spk = prompt_mels.half(), spk.half()
+    cache = flow.setup_cache(torch.cat([prompt_tokens, pad], dim=1), prompt_mels, spk, n_timesteps=cfg.n_timesteps)
     dev = prompt_mels.device
     state = dict(cache)
     state["hift_mel"] = torch.zeros(1, prompt_mels.shape[2], 0, device=dev)
