@@ -20,14 +20,22 @@ from cadence_fx.integrations import stepaudio2 as s2
 
 
 def upstream_token2wav_class():
-    """upstream ``Token2wav`` without its front-end packages (stream() does not use them)."""
-    for name in ("s3tokenizer", "hyperpyyaml", "librosa", "librosa.filters"):
-        if name not in sys.modules:
-            stub = types.ModuleType(name)
-            stub.load_hyperpyyaml = stub.mel = None
-            sys.modules[name] = stub
-    s2.upstream_modules()
-    from stepaudio2.token2wav import Token2wav  # noqa: E402 - needs the stubs above
+    """upstream ``Token2wav`` without its front-end packages (stream() does not use them).
+
+    The stubs stand in only while its module imports, then leave ``sys.modules``: other
+    code in the process (transformers asks ``find_spec("librosa")``) must not see them."""
+    stubs = [name for name in ("s3tokenizer", "hyperpyyaml", "librosa", "librosa.filters")
+             if name not in sys.modules]
+    for name in stubs:
+        stub = types.ModuleType(name)
+        stub.load_hyperpyyaml = stub.mel = None
+        sys.modules[name] = stub
+    try:
+        s2.upstream_modules()
+        from stepaudio2.token2wav import Token2wav  # noqa: E402 - needs the stubs above
+    finally:
+        for name in stubs:
+            sys.modules.pop(name, None)
     return Token2wav
 
 

@@ -148,6 +148,10 @@ class GenericAdapter(StreamingAdapter):
     def stock_buffers(self) -> dict[str, torch.Tensor]:
         return dict(self._stock)
 
+    def step_boundary(self):
+        """Rules SR: the generic step is one method call, so a step's graph is the chunk's (as SRc)."""
+        return lambda node: "step"
+
     def callable_verdicts(self) -> tuple:
         return (ScopeVerdict(self.form.method, "callable", "in",
                              "the generic step form: traced per catalog entry at the first step's input shapes"),)
