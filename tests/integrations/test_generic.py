@@ -334,3 +334,24 @@ def test_cli_verify_takes_a_module_factory():
     bad = subprocess.run([sys.executable, "-m", "cadence_fx", "verify", "--module", "tests.helpers.generic_models"],
                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert bad.returncode == 2 and "pkg.mod:factory" in bad.stderr
+
+
+def test_an_adapter_carrying_an_undeclared_or_unbounded_region_is_a_declaration_error():
+    """The adapter path's compile names the region too (it raised a bare KeyError)."""
+    from cadence_fx.compiler import compile_executable
+    from cadence_fx.step import StepSignature
+    from helpers.toy_models import ToyAdapter, make_toy, toy_declaration
+
+    class Ghost(ToyAdapter):
+        signature = StepSignature(inputs=("x",), regions=("kv", "conv", "ghost"), outputs=("y",))
+
+    with pytest.raises(DeclarationError, match="'ghost', which the declaration lacks"):
+        compile_executable(Ghost(make_toy(), 2), "S")
+    toy = make_toy()
+    decl = toy_declaration()
+    kv = decl["regions"][0]
+    decl["regions"][0] = Region("kv", clock=kv.clock, shape=kv.shape, axis=kv.axis, retention=Unbounded(),
+                                buffers=kv.buffers)
+    native_clock(**decl)(toy)
+    with pytest.raises(DeclarationError, match="'kv' is Unbounded"):
+        compile_executable(ToyAdapter(toy, 2), "S")

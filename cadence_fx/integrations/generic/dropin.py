@@ -40,9 +40,10 @@ DEFAULT_CHECK_CHUNKS = 8
 
 class OptimizedModule(DropIn):
     """A model in the generic step form, optimized.  ``open_session(*args)`` opens a
-    stream (``args`` go to the model's ``initial_state``); the model's step method name
-    (e.g. ``opt.stream(x)``) drives a default session, which ``reset()`` rewinds to its
-    initial state and ``state()``/``stats()``/``close()`` report on or end."""
+    stream (``args`` go to the model's ``initial_state``); ``step(*inputs)``, also under the
+    model's step method name (e.g. ``opt.stream(x)``, unless that name is one of this
+    class's own), drives a default session, which ``reset()`` rewinds to its initial
+    state and ``state()``/``stats()``/``close()`` report on or end."""
 
     def __init__(self, model: torch.nn.Module, rules: str = "S", progress: Callable[[str], None] | None = None,
                  cache: "bool | str | os.PathLike" = True, dims: Mapping[str, int] | None = None,
@@ -60,13 +61,16 @@ class OptimizedModule(DropIn):
         self.check_chunks = check_chunks
         self._configs: dict[tuple, tuple[GenericAdapter, str]] = {}
         self._lock = threading.Lock()  # one compile at a time
-        setattr(self, self.form.method, self._default_step)
+        if not hasattr(OptimizedModule, self.form.method):  # e.g. opt.stream(x); opt.step(x) always works
+            setattr(self, self.form.method, self.step)
 
     def open_session(self, *args: Any) -> "GenericSession":
         """A new stream; ``args`` go to the model's ``initial_state``."""
         return GenericSession(self, args)
 
-    def _default_step(self, *inputs: torch.Tensor, **flags: Any) -> Any:
+    def step(self, *inputs: torch.Tensor, **flags: Any) -> Any:
+        """One step of the default session (opened with no ``initial_state`` arguments on
+        first use); also bound under the model's step method name (``opt.stream(x)``)."""
         if self.session is None or self.session.closed:
             self.session = self.open_session()
         return self.session.step(*inputs, **flags)
