@@ -1,4 +1,4 @@
-"""``cadence-fx`` / ``python -m cadence_fx``: explain, verify, demo, bench, serve-sim, soak.
+"""``cadence-fx`` / ``python -m cadence_fx``: explain, verify, demo, bench, serve-sim, soak, traffic.
 
 The models are built from the upstream PyPI packages at their released
 configuration with seeded random weights (``--checkpoint DIR`` loads real ones).
@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import demo, explain, verify
+from . import demo, explain, traffic, verify
 from .bench import cmd as bench
 from .serve import cmd as serve
 
@@ -24,6 +24,8 @@ COMMANDS = (
                   "optimized (--sweep: the largest N that holds)", serve.add_serve_args, serve.cmd_serve_sim),
     ("soak", "one optimized session for many chunks: flat memory, exact checkpoints", serve.add_soak_args,
      serve.cmd_soak),
+    ("traffic", "MiniCPM-o-shaped conversations (new voices, turns, windows, flushes, resets) interleaved on one "
+                "optimized model, each against stock", traffic.add_args, traffic.run),
 )
 
 

@@ -1,0 +1,324 @@
+"""``cadence-fx traffic``: MiniCPM-o-shaped conversations on one optimized model, each against stock.
+
+What OpenBMB's duplex demo sends a Token2Wav tail, per conversation (all drawn from
+``--seed``): a voice prompt of P tokens (``--prompt-range``, default 75-250, a different
+length per conversation), 1..``--turns`` turns; each turn K steady chunks of 25 + 3
+tokens (``--steady-range``, 2-12), then a shorter window of W + 3 tokens at the turn's
+end (``--window-range``, 8-27) and a flush of F tokens (``--flush-range``, 1-28,
+``last_chunk=True``); between turns the post-prompt state comes back (the optimized
+session's ``reset()``; stock sets the same prompt up again, which gives the same state).
+
+The conversations are interleaved on ONE optimized model (a session each, opened when
+the conversation starts); each has its own stock tail (a deep copy of the stock model)
+stepped in lockstep: before every chunk both start from the same generator state
+(``lockstep.chunk_seed``), and the waveform (``torch.equal``), the PCM bytes and every
+carried state tensor (at the arena's live extent) must match.
+
+Reported per conversation and overall: ``exact``; ``program_share`` (chunks the
+optimized program ran, graph or replay, of all chunks) and ``replayed_share`` (chunks
+replayed); fallbacks by reason; time to first audio for the new voice (prompt set-up,
+including any specialization and capture, plus its first chunk) against stock's;
+chunk milliseconds p50/p99 (each conversation's first chunk, which follows a set-up,
+left out), and peak device memory (CUDA: the process's, stock tails included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import os
+import random
+import sys
+import time
+from typing import Any
+
+from . import registry
+from .options import add_model_args, model_of, progress
+
+DEFAULTS = {"prompt": (75, 250), "steady": (2, 12), "window": (8, 27), "flush": (1, 28)}
+
+
+def _range(text: str) -> tuple[int, int]:
+    try:
+        lo, hi = (int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a range LO,HI of ints (e.g. 8,27)") from None
+    if not 1 <= lo <= hi:
+        raise argparse.ArgumentTypeError(f"{text!r}: need 1 <= LO <= HI")
+    return lo, hi
+
+
+def add_args(p) -> None:
+    add_model_args(p, rules="auto")
+    p.set_defaults(prompt_tokens=None)
+    p.add_argument("--conversations", type=int, default=8)
+    p.add_argument("--turns", type=int, default=4, help="each conversation has 1..TURNS turns")
+    for name, (lo, hi) in DEFAULTS.items():
+        p.add_argument(f"--{name}-range", type=_range, default=(lo, hi), metavar="LO,HI",
+                       help={"prompt": "voice prompt tokens per conversation", "steady": "steady chunks per turn",
+                             "window": "new tokens of the shorter window at a turn's end (+ lookahead)",
+                             "flush": "tokens of the flush chunk (last_chunk=True)"}[name] + f" (default {lo},{hi})")
+    p.add_argument("--out", default=None, help="write traffic.json, traffic.md and traffic.png here")
+    p.add_argument("--quiet", action="store_true")
+
+
+@dataclasses.dataclass
+class Conversation:
+    index: int
+    prompt_tokens: int
+    turns: list[list[tuple[list[int], bool]]]  # per turn: (tokens, last_chunk) chunks
+
+
+def plan(seed: int, conversations: int, turns: int, ranges: dict[str, tuple[int, int]], vocab: int, new: int,
+         lookahead: int) -> list[Conversation]:
+    """The seeded conversations (pure: the same arguments give the same traffic)."""
+    rng = random.Random(seed)
+    lo, hi = ranges["prompt"]
+    pool = list(range(lo, hi + 1))
+    lengths = rng.sample(pool, conversations) if conversations <= len(pool) else \
+        [rng.choice(pool) for _ in range(conversations)]
+    out = []
+    for c, prompt in enumerate(lengths):
+        convo = []
+        for _ in range(rng.randint(1, turns)):
+            chunks = [([rng.randrange(vocab) for _ in range(new + lookahead)], False)
+                      for _ in range(rng.randint(*ranges["steady"]))]
+            window = rng.randint(*ranges["window"])
+            chunks.append(([rng.randrange(vocab) for _ in range(window + lookahead)], False))
+            chunks.append(([rng.randrange(vocab) for _ in range(rng.randint(*ranges["flush"]))], True))
+            convo.append(chunks)
+        out.append(Conversation(c, prompt, convo))
+    return out
+
+
+def run(args) -> int:
+    import torch
+    from ..lockstep import chunk_seed, deterministic_protocol, live_extent
+    from ..pcm import pcm_bytes
+    from .bench.stats import percentile
+    if args.conversations < 1 or args.turns < 1:
+        raise SystemExit("--conversations and --turns must be >= 1")
+    spec = model_of(args)
+    if spec.prompt is None or not spec.flush or spec.serve is None:
+        raise SystemExit(f"--model {spec.name}: traffic drives a prompted model with a flush chunk (token2wav)")
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        deterministic_protocol()
+    rules = args.rules if args.rules != "auto" else ("SRc" if device.type == "cuda" else "S")
+    say = progress(args.quiet)
+    chunk = spec.serve.tokens()
+    ranges = {k: getattr(args, f"{k}_range") for k in DEFAULTS}
+    convos = plan(args.seed, args.conversations, args.turns, ranges, chunk.vocab, chunk.new, chunk.lookahead)
+    args.prompt_tokens = convos[0].prompt_tokens
+    stock, _ = registry.build(spec, args)
+    opt = registry.optimize(spec, stock, rules, say)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    live: dict[int, dict[str, Any]] = {}
+    rows: list[dict] = []
+    # round robin: every live conversation takes one event per tick (open, a chunk, or a reset)
+    events = {c.index: [("open", None, None)] + [ev for t, turn in enumerate(c.turns)
+                                                  for ev in ([("reset", t, None)] if t else []) +
+                                                  [("chunk", t, ch) for ch in turn]] for c in convos}
+    while any(events.values()):
+        for c in convos:
+            if not events[c.index]:
+                continue
+            kind, turn, ch = events[c.index].pop(0)
+            if kind == "open":
+                live[c.index] = _open(spec, args, c, stock, opt, device, say)
+            elif kind == "reset":
+                _reset(live[c.index], device)
+            else:
+                rows.append(_chunk(live[c.index], c, turn, ch, args.seed, device, chunk_seed, live_extent, pcm_bytes))
+    report = _report(args, rules, convos, live, rows, device, percentile)
+    for c in live.values():
+        c["session"].close()
+    _emit(args, report)
+    return 0 if report["exact"] else 1
+
+
+def _sync(device) -> None:
+    import torch
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _open(spec, args, c: Conversation, stock, opt, device, say) -> dict:
+    if say:
+        say(f"conversation {c.index + 1}: a voice of {c.prompt_tokens} tokens, {len(c.turns)} turn(s)")
+    prompt = spec.prompt(argparse.Namespace(**{**vars(args), "prompt_tokens": c.prompt_tokens,
+                                               "seed": args.seed + c.index}))
+    mine = stock if c.index == 0 else copy.deepcopy(stock)  # a stock stream of its own
+    _sync(device)
+    t0 = time.perf_counter()
+    session = opt.open_session(*prompt)
+    _sync(device)
+    t1 = time.perf_counter()
+    mine.set_stream_cache(*prompt)
+    _sync(device)
+    t2 = time.perf_counter()
+    return {"prompt": prompt, "stock": mine, "session": session, "setup_s": (t1 - t0, t2 - t1),
+            "setup": session.stats().get("setup_s"), "chunks": 0, "ttfa_ms": None}
+
+
+def _reset(c: dict, device) -> None:
+    c["session"].reset()
+    c["stock"].set_stream_cache(*c["prompt"])  # stock's post-prompt state: set up again
+
+
+def _chunk(c: dict, convo: Conversation, turn: int, ch, seed: int, device, chunk_seed, live_extent,
+           pcm_bytes) -> dict:
+    import torch
+    tokens, last = ch
+    i = c["chunks"]
+    torch.manual_seed(chunk_seed(seed * 100 + convo.index, i))
+    rng = torch.random.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    _sync(device)
+    t0 = time.perf_counter()
+    c["stock"].stream(tokens, last_chunk=last, return_waveform=True)
+    _sync(device)
+    t1 = time.perf_counter()
+    torch.random.set_rng_state(rng[0])
+    if rng[1] is not None:
+        torch.cuda.set_rng_state(rng[1], device)
+    before = c["session"].stats()
+    t2 = time.perf_counter()
+    c["session"].stream(tokens, last_chunk=last, return_waveform=True)
+    _sync(device)
+    t3 = time.perf_counter()
+    after = c["session"].stats()
+    stock_wave, wave = c["stock"].last_speech, c["session"].last_speech
+    state, stock_state = c["session"].state(), c["stock"].state()
+    bad = [r for r, t in stock_state.items() if r not in state or not torch.equal(live_extent(t, state[r]), state[r])]
+    route = _route(before, after)
+    if i == 0:
+        c["ttfa_ms"] = ((c["setup_s"][0] + t3 - t2) * 1e3, (c["setup_s"][1] + t1 - t0) * 1e3)
+    c["chunks"] += 1
+    return {"conversation": convo.index, "turn": turn, "chunk": i, "tokens": len(tokens), "last": last,
+            "route": route, "wave_equal": bool(torch.equal(wave, stock_wave)),
+            "pcm_equal": pcm_bytes(wave.float().cpu().numpy()) == pcm_bytes(stock_wave.float().cpu().numpy()),
+            "state_equal": not bad, "mismatched": bad, "ms": (t3 - t2) * 1e3, "stock_ms": (t1 - t0) * 1e3}
+
+
+def _route(before: dict, after: dict) -> str:
+    for reason, n in after.get("fallbacks", {}).items():
+        if n > before.get("fallbacks", {}).get(reason, 0):
+            return f"fallback: {reason}"
+    for kind, name in (("replays", "replay"), ("graph_runs", "graph")):
+        for entry, n in after.get(kind, {}).items():
+            if n > before.get(kind, {}).get(entry, 0):
+                return f"{name} entry {entry}"
+    return "?"
+
+
+def _report(args, rules: str, convos, live, rows, device, percentile) -> dict:
+    import torch
+
+    def shares(rs):
+        n = len(rs) or 1
+        return (round(sum(r["route"].startswith(("graph", "replay")) for r in rs) / n, 4),
+                round(sum(r["route"].startswith("replay") for r in rs) / n, 4))
+
+    def fallbacks(rs):
+        out: dict[str, int] = {}
+        for r in rs:
+            if r["route"].startswith("fallback: "):
+                out[r["route"][10:]] = out.get(r["route"][10:], 0) + 1
+        return out
+
+    def ms(rs, key):
+        xs = [r[key] for r in rs if r["chunk"] > 0]
+        return (round(percentile(xs, 50), 2), round(percentile(xs, 99), 2)) if xs else (None, None)
+
+    per = []
+    for c in convos:
+        rs = [r for r in rows if r["conversation"] == c.index]
+        prog, rep = shares(rs)
+        p50, p99 = ms(rs, "ms")
+        per.append({"conversation": c.index, "prompt_tokens": c.prompt_tokens, "turns": len(c.turns),
+                    "chunks": len(rs), "exact": all(r["wave_equal"] and r["pcm_equal"] and r["state_equal"] for r in rs),
+                    "program_share": prog, "replayed_share": rep, "fallbacks": fallbacks(rs),
+                    "ttfa_ms": round(live[c.index]["ttfa_ms"][0], 1),
+                    "stock_ttfa_ms": round(live[c.index]["ttfa_ms"][1], 1),
+                    "setup_s": live[c.index]["setup"], "chunk_ms_p50": p50, "chunk_ms_p99": p99})
+    prog, rep = shares(rows)
+    p50, p99 = ms(rows, "ms")
+    s50, s99 = ms(rows, "stock_ms")
+    ttfa = [p["ttfa_ms"] for p in per]
+    stock_ttfa = [p["stock_ttfa_ms"] for p in per]
+    return {
+        "command": "cadence-fx traffic " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["traffic"] else None,
+        "model": args.model, "rules": rules, "device": str(device), "dtype": args.dtype,
+        "n_timesteps": args.n_timesteps, "seed": args.seed, "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "date": time.strftime("%Y-%m-%d"), "ranges": {k: list(getattr(args, f"{k}_range")) for k in DEFAULTS},
+        "conversations": len(convos), "chunks": len(rows),
+        "exact": all(p["exact"] for p in per), "program_share": prog, "replayed_share": rep,
+        "fallbacks": fallbacks(rows),
+        "ttfa_ms_p50": round(percentile(ttfa, 50), 1), "stock_ttfa_ms_p50": round(percentile(stock_ttfa, 50), 1),
+        "chunk_ms_p50": p50, "chunk_ms_p99": p99, "stock_chunk_ms_p50": s50, "stock_chunk_ms_p99": s99,
+        "peak_mib": round(torch.cuda.max_memory_allocated(device) / 2**20, 1) if device.type == "cuda" else None,
+        "per_conversation": per, "per_chunk": rows,
+    }
+
+
+def markdown(report: dict) -> str:
+    lines = [f"# traffic: {report['conversations']} conversations, {report['chunks']} chunks",
+             "", f"`{report['command']}`" if report["command"] else "",
+             f"{report['model']}, rules {report['rules']}, {report['dtype']}, {report['n_timesteps']} steps, "
+             f"{report['device']} ({report['gpu'] or 'CPU'}), torch {report['torch']}, {report['date']}", "",
+             f"**exact: {report['exact']}**; program share {report['program_share']}, replayed share "
+             f"{report['replayed_share']}; time to first audio p50 {report['ttfa_ms_p50']} ms (stock "
+             f"{report['stock_ttfa_ms_p50']} ms); chunk p50/p99 {report['chunk_ms_p50']}/{report['chunk_ms_p99']} ms "
+             f"(stock {report['stock_chunk_ms_p50']}/{report['stock_chunk_ms_p99']}); peak {report['peak_mib']} MiB",
+             "", f"fallbacks: {report['fallbacks'] or 'none'}", "",
+             "| conv | prompt | turns | chunks | exact | program | replayed | TTFA ms (stock) | p50/p99 ms |",
+             "|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
+    for p in report["per_conversation"]:
+        lines.append(f"| {p['conversation']} | {p['prompt_tokens']} | {p['turns']} | {p['chunks']} | {p['exact']} | "
+                     f"{p['program_share']} | {p['replayed_share']} | {p['ttfa_ms']} ({p['stock_ttfa_ms']}) | "
+                     f"{p['chunk_ms_p50']}/{p['chunk_ms_p99']} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict, path: str) -> str | None:
+    """Per chunk: optimized and stock milliseconds, coloured by route; None without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    rows = report["per_chunk"]
+    colour = {"replay": "tab:green", "graph": "tab:blue", "fallback": "tab:red"}
+    fig, ax = plt.subplots(figsize=(10, 4))
+    xs = range(len(rows))
+    ax.bar(xs, [r["ms"] for r in rows], color=[colour.get(r["route"].split(" ")[0].rstrip(":"), "grey") for r in rows])
+    ax.plot(xs, [r["stock_ms"] for r in rows], "k.", markersize=3, label="stock")
+    ax.set_yscale("log")
+    ax.set_xlabel("chunk (interleaved conversations)")
+    ax.set_ylabel("ms")
+    ax.set_title(f"traffic: exact={report['exact']}, replayed {report['replayed_share']}, "
+                 f"program {report['program_share']} (green replay, blue graph, red eager)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _emit(args, report: dict) -> None:
+    out = sys.stderr if args.json else sys.stdout
+    print(markdown(report), file=out)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "traffic.json"), "w") as f:
+            json.dump(report, f, indent=1)
+        with open(os.path.join(args.out, "traffic.md"), "w") as f:
+            f.write(markdown(report))
+        plot(report, os.path.join(args.out, "traffic.png"))
+    if args.json:
+        print(json.dumps({k: v for k, v in report.items() if k != "per_chunk"}))

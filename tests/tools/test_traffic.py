@@ -1,0 +1,61 @@
+"""``cadence-fx traffic`` on the shared small Token2Wav (tests/conftest.py ``t2w``: 2 flow
+steps, one optimized model): two interleaved conversations, each with its own voice
+length, two turns with a reset, steady chunks, a shorter window and a flush, every chunk
+checked against its own stock stream."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from cadence_fx.integrations import stepaudio2 as s2
+from cadence_fx.tools import cli, registry, traffic
+
+SMALL = "t2w-traffic"
+
+
+@pytest.fixture
+def small(t2w):
+    def build(args):
+        if (args.n_timesteps, args.seed, args.checkpoint, args.dtype) != (t2w.steps, 0, None, "float32"):
+            raise SystemExit(f"{SMALL} is the shared t2w model: --n-timesteps {t2w.steps}, seed 0, float32")
+        return t2w.tail, s2.synthetic_prompt(args.prompt_tokens, args.seed)
+
+    registry.register(dataclasses.replace(registry.get("token2wav"), name=SMALL, build=build,
+                                          optimize=lambda stock, rules, progress: t2w.opt, bench=None))
+    yield t2w
+    registry.unregister(SMALL)
+
+
+def test_the_plan_is_seeded_and_shaped_like_the_demo():
+    a = traffic.plan(3, 8, 4, traffic.DEFAULTS, 6561, 25, 3)
+    assert a == traffic.plan(3, 8, 4, traffic.DEFAULTS, 6561, 25, 3)
+    assert len({c.prompt_tokens for c in a}) == 8 and all(75 <= c.prompt_tokens <= 250 for c in a)
+    for c in a:
+        assert 1 <= len(c.turns) <= 4
+        for turn in c.turns:
+            assert 2 <= len(turn) - 2 <= 12 and all(len(t) == 28 and not last for t, last in turn[:-2])
+            assert 11 <= len(turn[-2][0]) <= 30 and not turn[-2][1]
+            assert 1 <= len(turn[-1][0]) <= 28 and turn[-1][1]
+
+
+def test_traffic_is_exact_and_reports_its_shares(small, capsys, tmp_path):
+    code = cli.main(["traffic", "--model", SMALL, "--n-timesteps", "2", "--conversations", "2", "--turns", "2",
+                     "--prompt-range", "5,6", "--steady-range", "1,2", "--window-range", "8,9", "--flush-range",
+                     "1,5", "--json", "--quiet", "--out", str(tmp_path)])
+    out = capsys.readouterr()
+    report = json.loads(out.out.strip().splitlines()[-1])
+    assert code == 0 and report["exact"] is True, report
+    assert report["conversations"] == 2 and {p["prompt_tokens"] for p in report["per_conversation"]} == {5, 6}
+    full = json.loads((tmp_path / "traffic.json").read_text())
+    rows = full["per_chunk"]
+    assert len(rows) == report["chunks"] and all(r["wave_equal"] and r["pcm_equal"] and r["state_equal"] for r in rows)
+    steady = [r for r in rows if r["tokens"] == 28]
+    assert steady and all(r["route"].startswith("graph") for r in steady)  # the catalog's chunks ran the program
+    flushes = [r for r in rows if r["last"]]
+    assert all(r["route"].startswith("fallback") for r in flushes)  # today: the exact eager path, counted
+    assert report["program_share"] == pytest.approx(len(steady) / len(rows), abs=1e-3)
+    assert report["replayed_share"] == 0.0  # rule S on the CPU replays nothing
+    assert (tmp_path / "traffic.md").read_text().startswith("# traffic: 2 conversations")
