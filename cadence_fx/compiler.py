@@ -7,7 +7,8 @@ one ``PassManager`` -> ``GraphModule``:
 
 - always: ``PruneDead``, ``FoldHostConstants``, ``PruneDead``;
 - rule S: ``StateRewrite``, ``EarlyWriteback``, ``PruneDead`` (state into the arena);
-- rule R: ``Partition`` (per chunk, or per model step at the adapter's
+- rule R: ``IstftWithoutHostRead`` (istft's per-call host read dropped where it
+  cannot change), ``Partition`` (per chunk, or per model step at the adapter's
   ``step_boundary``) and ``LowerCudaGraph``, which wraps each capturable piece in the
   runtime's ``CapturedRegion`` (handed in here: passes never import the runtime).
 
@@ -32,6 +33,7 @@ from .errors import DeclarationError, RulesError, TraceError
 from .passes.base import PassManager, this_before_that
 from .passes.early_writeback import EarlyWriteback
 from .passes.fold_host_constants import FoldHostConstants
+from .passes.istft_check import IstftWithoutHostRead
 from .passes.lower_cudagraph import LowerCudaGraph
 from .passes.partition import Partition
 from .passes.prune_dead import PruneDead
@@ -106,11 +108,13 @@ def rewrite_pipeline(bindings: list[RegionBinding], rules: "str | Rules" = "S", 
         # execution of the step per entry); prune_dead then drops the rebound buffers' constants
         passes += [StateRewrite(bindings, check_hazards=False), EarlyWriteback(bindings), PruneDead()]
     if rules.replays:
-        passes += [Partition(device_type, rules.replay, boundary), LowerCudaGraph(region)]
+        # istft's per-call host read would split a chunk around an eager island
+        passes += [IstftWithoutHostRead(), Partition(device_type, rules.replay, boundary), LowerCudaGraph(region)]
     return PassManager(passes,
                        constraints=[this_before_that(FoldHostConstants, StateRewrite),
                                     this_before_that(StateRewrite, EarlyWriteback),
                                     this_before_that(EarlyWriteback, Partition),
+                                    this_before_that(IstftWithoutHostRead, Partition),
                                     this_before_that(Partition, LowerCudaGraph)],
                        checks=[lambda gm: gm.graph.lint()], debug=debug)
 
@@ -305,7 +309,8 @@ def open_session(executable: Executable, adapter: StreamingAdapter, *setup_args:
 
 
 def preview_partition(executable: Executable, granularity: str = "chunk", boundary=None) -> dict[int, object]:
-    """What rules R would capture, per entry, from the rule-S graphs (no device needed).
+    """What rules R would capture, per entry, from the rule-S graphs (no device needed):
+    the replay pipeline's istft rewrite, then ``Partition``, on a copy of each graph.
 
     Placement is not checked (the graphs may have been traced on the CPU): the
     verdicts are the op-level ones (host syncs, data-dependent shapes, allow-list).
@@ -314,7 +319,11 @@ def preview_partition(executable: Executable, granularity: str = "chunk", bounda
     for idx, program in sorted(executable.programs.items()):
         if not isinstance(program.run, fx.GraphModule) or program.kind != "graph":
             continue
-        out[idx] = Partition(None, granularity, boundary)(program.run).record
+        graph = fx.Graph()
+        graph.output(graph.graph_copy(program.run.graph, {}))
+        copy = fx.GraphModule(program.run, graph)  # shares the constants; the executable's graph stays
+        IstftWithoutHostRead()(copy)
+        out[idx] = Partition(None, granularity, boundary)(copy).record
     return out
 
 

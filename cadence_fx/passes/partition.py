@@ -36,7 +36,8 @@ HOST_SYNC = {
     aten.nonzero.default, aten.masked_select.default, aten.unique_consecutive.default,
     aten._unique2.default, aten.allclose.default,
     # istft checks its window envelope with a host read (is_scalar_tensor_true) on
-    # every call: capturing it invalidates the capture.
+    # every call: capturing it invalidates the capture (istft_check replaces it by its
+    # own ops minus that read wherever the read cannot change: a constant window).
     aten.istft.default,
 }
 DATA_DEPENDENT = {aten.nonzero.default, aten.masked_select.default, aten.repeat_interleave.Tensor,

@@ -211,3 +211,25 @@ def test_demo_writes_two_identical_wavs(released_default, tmp_path, capsys):
     wavs = {k: (tmp_path / f"token2wav-{k}.wav").read_bytes() for k in ("stock", "optimized")}
     assert wavs["stock"] == wavs["optimized"] and len(wavs["stock"]) > 44 + 2 * 20160
     assert "needs a GPU" in out.err
+
+
+@cuda
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_a_replayed_chunk_is_one_graph_and_exact(dtype):
+    """Rules SRc: istft's per-call host read is gone (passes.istft_check), so every catalog
+    entry is one captured graph, one launch per chunk, and stays bit-exact against stock."""
+    from cadence_fx.lockstep import deterministic_protocol
+    deterministic_protocol()
+    flow, hift = s2.build_modules(0)
+    tail = s2.Token2WavTail(flow.cuda(), hift.cuda(), n_timesteps=5, float16=dtype == "float16")
+    opt = cadence_fx.optimize(tail, rules="SRc")
+    prompt = s2.synthetic_prompt(20, seed=2, device="cuda")
+    opt.set_stream_cache(*prompt)
+    tail.set_stream_cache(*prompt)
+    for idx, text in opt.session.executable.notes["rewrite"].items():
+        assert "IstftWithoutHostRead: 1 istft without host read" in text, (idx, text)
+        assert "Partition: 1 region (1 capturable, 0 eager)" in text, (idx, text)
+    report = compare_streams(tail, opt, s2.synthetic_chunks(6, final_tokens=5), torch.device("cuda"), seed=3)
+    assert report["exact"], report["mismatches"]
+    routes = [c["route"] for c in report["per_chunk"]]
+    assert all(r.startswith("replay") for r in routes[:-1]), routes

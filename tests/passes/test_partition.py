@@ -591,16 +591,17 @@ class TestPipeline(TestCase):
                           "PruneDead"])
         pm = rewrite_pipeline(bindings, "SRc", "cuda", None)
         self.assertEqual(names(pm), ["PruneDead", "FoldHostConstants", "PruneDead", "StateRewrite", "EarlyWriteback",
-                                     "PruneDead", "Partition", "LowerCudaGraph"])
-        self.assertEqual((pm.passes[6].device_type, pm.passes[6].granularity), ("cuda", "chunk"))
+                                     "PruneDead", "IstftWithoutHostRead", "Partition", "LowerCudaGraph"])
+        self.assertEqual((pm.passes[7].device_type, pm.passes[7].granularity), ("cuda", "chunk"))
         key = ScopedToyAdapter(make_toy(), 2).step_boundary()
         pm = rewrite_pipeline(bindings, "SR", "cuda", key)
-        self.assertEqual((pm.passes[6].granularity, pm.passes[6].boundary), ("step", key))
+        self.assertEqual((pm.passes[7].granularity, pm.passes[7].boundary), ("step", key))
         with self.assertRaisesRegex(PassError, "granularity='step' needs a boundary key"):
             rewrite_pipeline(bindings, "SR", "cuda", None)
         # the ordering constraints hold the new passes in place
         self.assertTrue(all(c(pm.passes) for c in pm.constraints))
-        for i, j in ((3, 6), (4, 6), (3, 4)):  # partition before a rewrite; the write-backs moved before they exist
+        # partition before a rewrite or before the istft rewrite; the write-backs moved before they exist
+        for i, j in ((3, 7), (4, 7), (3, 4), (6, 7)):
             swapped = list(pm.passes)
             swapped[i], swapped[j] = swapped[j], swapped[i]
             self.assertFalse(all(c(swapped) for c in pm.constraints), (i, j))
@@ -630,7 +631,8 @@ class TestPipeline(TestCase):
         names = lambda pm: [type(p).__name__ for p in pm.passes]  # noqa: E731
         self.assertEqual(names(rewrite_pipeline(bindings, "")), ["PruneDead", "FoldHostConstants", "PruneDead"])
         self.assertEqual(names(rewrite_pipeline(bindings, "Rc", "cuda")),
-                         ["PruneDead", "FoldHostConstants", "PruneDead", "Partition", "LowerCudaGraph"])
+                         ["PruneDead", "FoldHostConstants", "PruneDead", "IstftWithoutHostRead", "Partition",
+                          "LowerCudaGraph"])
 
     def test_replay_programs_need_prepare_replay(self):
         adapter = ToyAdapter(make_toy(), 2)
