@@ -227,8 +227,10 @@ def test_a_replayed_chunk_is_one_graph_and_exact(dtype):
     opt.set_stream_cache(*prompt)
     tail.set_stream_cache(*prompt)
     for idx, text in opt.session.executable.notes["rewrite"].items():
-        assert "IstftWithoutHostRead: 1 istft without host read" in text, (idx, text)
-        assert "Partition: 1 region (1 capturable, 0 eager)" in text, (idx, text)
+        parts = {p.split(": ", 1)[0]: p for p in text.split("; ") if ": " in p}
+        istft = text[text.find("IstftWithoutHostRead"):text.find("Partition")]
+        assert istft.startswith("IstftWithoutHostRead: 1 istft without host read"), (idx, istft)
+        assert parts.get("Partition", "").startswith("Partition: 1 region (1 capturable, 0 eager)"), (idx, parts)
     report = compare_streams(tail, opt, s2.synthetic_chunks(6, final_tokens=5), torch.device("cuda"), seed=3)
     assert report["exact"], report["mismatches"]
     routes = [c["route"] for c in report["per_chunk"]]
