@@ -93,16 +93,19 @@ def record_istft(x: torch.Tensor, window: torch.Tensor, call) -> tuple[fx.Graph,
     removed; placeholders ``x`` and ``window``), or (None, why not)."""
     graph = fx.Graph()
     px, pw = graph.placeholder("x"), graph.placeholder("window")
-    rec = _Recorder(graph, {id(x): px, id(window): pw}, {px})
-    try:
-        # outside inference mode: there a composite op reaches the mode whole (its autograd
-        # keys, where it decomposes, are skipped), and its host read would stay inside it
-        with torch.inference_mode(False), torch.no_grad(), rec:
-            out = call(x, window)
-    except _Unrecordable as e:
-        return None, str(e)
-    except RuntimeError as e:  # e.g. the NOLA condition fails: the op raises on every call
-        return None, f"istft raised at these shapes: {str(e).splitlines()[0]}"
+    # outside inference mode, on tensors made there: a tensor made in inference mode has no
+    # autograd keys, and without them a composite op reaches the mode whole (it decomposes at
+    # those keys), its host read hidden inside it.  The drop-ins compile in inference mode.
+    with torch.inference_mode(False):
+        x, window = x.clone(), window.clone()
+        rec = _Recorder(graph, {id(x): px, id(window): pw}, {px})
+        try:
+            with torch.no_grad(), rec:
+                out = call(x, window)
+        except _Unrecordable as e:
+            return None, str(e)
+        except RuntimeError as e:  # e.g. the NOLA condition fails: the op raises on every call
+            return None, f"istft raised at these shapes: {str(e).splitlines()[0]}"
     if not isinstance(out, torch.Tensor) or id(out) not in rec.nodes:
         return None, "istft's output is not one recorded tensor"
     bad = [n.target for n, from_signal in rec.reads if from_signal]

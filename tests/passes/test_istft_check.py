@@ -57,7 +57,10 @@ def test_under_inference_mode_too():
     """The drop-ins compile under ``torch.inference_mode``, where a composite op reaches a
     dispatch mode whole: the recording must still see istft's own ops."""
     gm = trace(hift_like, *spectrum())
-    with torch.inference_mode():
+    with torch.inference_mode():  # the window constant as a compile in inference mode folds it
+        for node in gm.graph.nodes:
+            if node.op == "get_attr":
+                setattr(gm, node.target, getattr(gm, node.target).clone())
         record = IstftWithoutHostRead()(gm).record
         x = spectrum(seed=4)
         assert torch.equal(gm(*x), hift_like(*x))
