@@ -355,3 +355,27 @@ def test_an_adapter_carrying_an_undeclared_or_unbounded_region_is_a_declaration_
     native_clock(**decl)(toy)
     with pytest.raises(DeclarationError, match="'kv' is Unbounded"):
         compile_executable(ToyAdapter(toy, 2), "S")
+
+
+@native_clock(clocks=[Clock("frame", hz=50, stride=4)],
+              regions=[Region("phase", clock="frame", shape=(1, 4), doc="an oscillator's phase")],
+              step="stream", initial_state="initial_state")
+class Oscillator(torch.nn.Module):
+    """A step with no input at all: each call advances the phase and emits 4 samples."""
+
+    def __init__(self):
+        super().__init__()
+        self.freq = torch.nn.Parameter(torch.tensor([[0.1, 0.2, 0.3, 0.4]]))
+
+    def initial_state(self):
+        return (torch.zeros(1, 4),)
+
+    def stream(self, phase):
+        phase = phase + self.freq
+        return torch.sin(phase) + 0.01 * torch.randn(1, 4), phase
+
+
+def test_a_step_with_no_inputs_runs_too():
+    report = cadence_fx.verify(model(Oscillator), [()] * 12)
+    assert report["exact"] is True and report["chunks"] == 12
+    assert all(r["route"].startswith("graph") for r in report["per_chunk"])

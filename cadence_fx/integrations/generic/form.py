@@ -74,13 +74,14 @@ class StepForm:
                           and p.name not in carried))
         positional = [n for n in positional if n not in flags]
         n = len(carried)
-        if len(positional) <= n or tuple(positional[-n:]) != carried:
+        if len(positional) < n or (n and tuple(positional[-n:]) != carried):
             want = ", ".join(["<inputs>", *carried])
             raise DeclarationError(
                 f"{owner}.{declaration.step}({', '.join(positional)}) must take its inputs and then one tensor per "
                 f"carried region, named as the region and in declaration order: ({want}); rename the parameters, "
                 f"reorder the regions, or register an adapter")
-        return cls(owner, declaration.step, declaration.initial_state, tuple(positional[:-n]), carried, flags)
+        return cls(owner, declaration.step, declaration.initial_state, tuple(positional[:len(positional) - n]),
+                   carried, flags)
 
     def where(self) -> str:
         return f"{self.owner}.{self.method}"
