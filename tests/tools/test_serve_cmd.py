@@ -91,6 +91,27 @@ def test_serve_sim_sweep_stops_at_the_first_miss(t2w, tmp_path):
     assert png is None or (tmp_path / "sweep.png").stat().st_size > 0
 
 
+def test_a_sweep_checks_every_session_at_every_n_against_stock_alone(t2w):
+    """Each point keeps every session's PCM hash; ``check_sweep`` replays each session on a
+    stock model of its own and compares at every N.  A stock model of other weights fails it."""
+    tail = t2w.tail
+
+    def make_stock(i):
+        return tail  # one stream at a time: the check opens each session's stream in turn
+
+    cfg = sim.SimConfig(seconds=1, warmup_ticks=0, budget_ms=1e9)  # every N holds: the sweep reaches N = 2
+    report = sim.serve_sim_report(make_optimized=lambda: t2w.opt, make_stock=make_stock,
+                                    make_prompt=lambda i: s2.synthetic_prompt(5, seed=50 + i), hooks=HOOKS,
+                                    device=torch.device("cpu"), cfg=cfg, sessions=1, modes=["optimized"],
+                                    sweep_to=2, meta={"model": "token2wav", "rules": "S"})
+    points = report["sweep"]["optimized"]
+    assert [p["sessions"] for p in points] == [1, 2] and [p["chunks_per_session"] for p in points] == [[1], [2, 1]]
+    assert [p["exact"] for p in points] == [True, True] and report["exact"] is True
+    other = s2.Token2WavTail(*s2.build_modules(1), n_timesteps=STEPS)  # seed 1 weights: not the same model
+    assert sim.check_sweep(copy.deepcopy(points), lambda i: other, lambda i: s2.synthetic_prompt(5, seed=50 + i),
+                           cfg, HOOKS.tokens()) is False
+
+
 # ------------------------------------------------------------------------- soak
 def test_soak_checkpoints_are_exact_against_stock_from_the_session_state(t2w):
     prompt = s2.synthetic_prompt(5, seed=40)

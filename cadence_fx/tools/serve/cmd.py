@@ -58,7 +58,7 @@ def cmd_serve_sim(args) -> int:
                               device=device, cfg=cfg,
                               sessions=args.sessions, modes=modes,
                               sweep_to=args.max_sessions if args.sweep else None, overlap=args.overlap,
-                              meta=meta, say=say)
+                              meta=meta, say=say, check_exact=not args.no_exact_check)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         if args.sweep:
@@ -89,8 +89,10 @@ def _format_serve(report: dict[str, Any]) -> str:
     if "sweep" in report:
         for mode, points in report["sweep"].items():
             for p in points:
-                lines.append(f"  {mode:>9} N={p['sessions']:>3}: {p['status']:<5} {_speak(p, p.get('deadline_misses'))}")
-        lines.append(f"largest N holding the cadence: {report['max_sessions_holding_cadence']}")
+                lines.append(f"  {mode:>9} N={p['sessions']:>3}: {p['status']:<5} {_speak(p, p.get('deadline_misses'))}"
+                             + ("" if "exact" not in p else f", exact {p['exact']}"))
+        lines.append(f"largest N holding the cadence: {report['max_sessions_holding_cadence']}; "
+                     f"every session exact at every N: {report['exact']}")
         return "\n".join(lines)
     for mode, r in report["modes"].items():
         misses = f"{r.get('deadline_misses')}/{r.get('speaking_ticks')}"
@@ -144,7 +146,11 @@ def add_serve_args(p: argparse.ArgumentParser, *, soak_cmd: bool = False) -> Non
     p.add_argument("--mix", choices=MIXES, default="speak-heavy",
                    help="speak-heavy: every session speaks every tick; mixed: each speaks with p = 0.5 (seeded)")
     p.add_argument("--modes", default="stock,optimized")
-    p.add_argument("--sweep", action="store_true", help="grow N from 1 until a miss, out of memory or --max-sessions")
+    p.add_argument("--sweep", action="store_true", help="grow N from 1 until a miss, out of memory or --max-sessions; "
+                                                         "then every session's PCM at every N is checked against its own "
+                                                         "stock stream alone")
+    p.add_argument("--no-exact-check", action="store_true",
+                   help="sweeping: skip that check (report exact: null), e.g. for a quick capacity probe")
     p.add_argument("--max-sessions", type=int, default=64)
     p.add_argument("--overlap", action="store_true",
                    help="CUDA: each optimized session on its own stream, a tick's chunks launched before any is read")

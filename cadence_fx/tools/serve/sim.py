@@ -280,7 +280,10 @@ def sweep(mode: str, factory: Callable[[], Any], make_prompt: Callable[[int], tu
                 hashes.append(hashlib.sha256())
                 point = run_ticks(streams, feeds, n, cfg, device, hashes)
                 point.pop("speak_ms_per_tick")
-                point.update(sessions=n, status="ok" if point["holds_cadence"] else "miss")
+                point.update(sessions=n, status="ok" if point["holds_cadence"] else "miss",
+                             # each session's PCM so far, for check_sweep
+                             chunks_per_session=[f.next_chunk for f in feeds],
+                             pcm_sha256=[h.copy().hexdigest() for h in hashes])
             except torch.OutOfMemoryError as e:
                 point = {"sessions": n, "status": f"out of memory: {str(e).splitlines()[0]}", "holds_cadence": False}
             point["peak_memory_bytes"] = _peak_memory(device)
@@ -337,11 +340,48 @@ def plot_sweep(report: dict[str, Any], path: str) -> str | None:
 
 
 
+def check_sweep(points: list[dict[str, Any]], make_stock: Callable[[int], Any], make_prompt: Callable[[int], tuple],
+                cfg: SimConfig, tokens: TokenChunks, say=None) -> bool | None:
+    """Every session's PCM at every N of a sweep against its own stock stream alone.
+
+    Session ``i`` replays on one stock model of its own, with its prompt, its chunks and
+    their seeds (what it spoke in the sweep), and its PCM hash after each chunk is
+    compared with the sweep's at every point; each point gets ``exact``.  One stock
+    model at a time.  None when no point has hashes (e.g. out of memory at N = 1)."""
+    import torch
+    counts = [p["chunks_per_session"] for p in points if "chunks_per_session" in p]
+    if not counts:
+        return None
+    prefixes = []
+    for i in range(max(len(c) for c in counts)):
+        upto = max(c[i] for c in counts if len(c) > i)
+        if say:
+            say(f"exactness: session {i + 1}, {upto} chunks on a stock model alone")
+        tail = make_stock(i)
+        tail.set_stream_cache(*make_prompt(i))
+        feed, h = TokenFeed(cfg.seed, i, tokens), hashlib.sha256()
+        seen = {0: h.hexdigest()}
+        for k in range(upto):
+            torch.manual_seed(chunk_seed(cfg.seed, i, k))
+            h.update(tail.stream(feed.chunk(k)))
+            seen[k + 1] = h.copy().hexdigest()
+        prefixes.append(seen)
+        del tail
+    for p in points:
+        if "pcm_sha256" in p:
+            p["exact"] = all(prefixes[i][c] == hx
+                             for i, (c, hx) in enumerate(zip(p["chunks_per_session"], p["pcm_sha256"])))
+    return all(p["exact"] for p in points if "exact" in p)
+
+
 def serve_sim_report(*, make_optimized: Callable[[], Any], make_stock: Callable[[int], Any],
                      make_prompt: Callable[[int], tuple], hooks: ServeHooks, device, cfg: SimConfig,
                      sessions: int, modes: Sequence[str] = MODES, sweep_to: int | None = None, overlap: bool = False,
-                     meta: dict[str, Any] | None = None, say=None) -> dict[str, Any]:
+                     meta: dict[str, Any] | None = None, say=None, check_exact: bool = True) -> dict[str, Any]:
     """The serve-sim report: a fixed-N run of each mode, or (``sweep_to``) a sweep of each.
+
+    Sweeping, ``exact`` is ``check_sweep`` of the optimized sweep (every session against
+    its own stock stream at every N) when ``make_stock`` is given and ``check_exact``.
 
     Optimized runs first, stock second (each mode's memory freed before the next).
     ``exact``: every session's PCM SHA-256 equal between the modes (fixed-N runs with
@@ -359,6 +399,8 @@ def serve_sim_report(*, make_optimized: Callable[[], Any], make_stock: Callable[
         report["sweep"] = {m: sweep(m, factories[m], make_prompt, cfg, device, tokens, sweep_to, say) for m in order}
         report["max_sessions_holding_cadence"] = {m: largest_holding(p) for m, p in report["sweep"].items()}
         report["exact"] = None
+        if check_exact and make_stock is not None and "optimized" in report["sweep"]:
+            report["exact"] = check_sweep(report["sweep"]["optimized"], make_stock, make_prompt, cfg, tokens, say)
         return report
     report["sessions"] = sessions
     report["modes"] = {}
