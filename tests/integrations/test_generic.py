@@ -379,3 +379,24 @@ def test_a_step_with_no_inputs_runs_too():
     report = cadence_fx.verify(model(Oscillator), [()] * 12)
     assert report["exact"] is True and report["chunks"] == 12
     assert all(r["route"].startswith("graph") for r in report["per_chunk"])
+
+
+def test_a_forward_step_is_called_like_the_module():
+    class Forwarded(CausalDecoder):
+        def forward(self, x, ctx, kv):
+            return self.stream(x, ctx, kv)
+
+    m = model(Forwarded)
+    native_clock(**decoder_declaration(step="forward"))(m)
+    stock = model()
+    opt = cadence_fx.optimize(m)
+    state = stock.initial_state()
+    for i, x in enumerate(chunks(10)):
+        torch.manual_seed(i)
+        with torch.no_grad():
+            want, *carried = stock.stream(x, state["ctx"], state["kv"])
+        state = dict(zip(("ctx", "kv"), carried))
+        torch.manual_seed(i)
+        assert torch.equal(opt(x), want), i
+    with pytest.raises(TypeError, match=r"opt.step\(...\) or opt.stream"):
+        cadence_fx.optimize(model())(chunks(1)[0])

@@ -75,6 +75,14 @@ class OptimizedModule(DropIn):
             self.session = self.open_session()
         return self.session.step(*inputs, **flags)
 
+    def __call__(self, *inputs: torch.Tensor, **flags: Any) -> Any:
+        """``opt(*inputs)``: one step of the default session, for a model whose declared step
+        is ``forward`` (as ``model(x, *state)`` is its stock call)."""
+        if self.form.method != "forward":
+            raise TypeError(f"the optimized {self.form.owner} steps with opt.step(...) or opt.{self.form.method}(...); "
+                            f"calling it is for a model whose declared step is forward")
+        return self.step(*inputs, **flags)
+
     def reset(self) -> None:
         """Rewind the default session to its initial state (a fresh one if none is open)."""
         if self.session is None or self.session.closed:
