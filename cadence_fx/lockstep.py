@@ -50,19 +50,20 @@ def chunk_seed(seed: int, chunk: int) -> int:
     return seed * 1000 + chunk
 
 
-def _rng_state(device: torch.device):
+def rng_state(device: torch.device):
+    """The CPU generator's state and, on CUDA, ``device``'s (for ``set_rng_state``)."""
     cpu = torch.random.get_rng_state()
     cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
     return cpu, cuda
 
 
-def _set_rng_state(state, device: torch.device) -> None:
+def set_rng_state(state, device: torch.device) -> None:
     torch.random.set_rng_state(state[0])
     if state[1] is not None:
         torch.cuda.set_rng_state(state[1], device)
 
 
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -88,21 +89,20 @@ def compare_streams(stock, optimized, chunks: list[tuple[list[int], bool]], devi
     for i, (tokens, last) in enumerate(chunks):
         if seed is not None:
             torch.manual_seed(chunk_seed(seed, i))  # the CUDA generators too
-        rng = _rng_state(device)
-        _sync(device)
+        rng = rng_state(device)
+        sync(device)
         t0 = time.perf_counter()
         wave_s = stock.stream(tokens, last_chunk=last, return_waveform=True)
-        _sync(device)
+        sync(device)
         t1 = time.perf_counter()
-        before = dict(optimized.stats().get("fallbacks", {}))
-        runs_before = optimized.stats()
-        _set_rng_state(rng, device)
+        before = optimized.stats()
+        set_rng_state(rng, device)
         t2 = time.perf_counter()
         wave_o = optimized.stream(tokens, last_chunk=last, return_waveform=True)
-        _sync(device)
+        sync(device)
         t3 = time.perf_counter()
         after = optimized.stats()
-        route = _route(runs_before, after, before)
+        route = chunk_route(before, after)
         ps, po = pcm_bytes(wave_s), pcm_bytes(wave_o)
         pcm_stock.update(ps)
         pcm_opt.update(po)
@@ -134,10 +134,11 @@ def compare_streams(stock, optimized, chunks: list[tuple[list[int], bool]], devi
     }
 
 
-def _route(before: dict, after: dict, fb_before: dict) -> str:
-    fb = after.get("fallbacks", {})
-    for reason, n in fb.items():
-        if n > fb_before.get(reason, 0):
+def chunk_route(before: dict, after: dict) -> str:
+    """How one chunk ran, from a session's ``stats()`` before and after it: "fallback:
+    <reason>", "replay entry N", "graph entry N" (or "?")."""
+    for reason, n in after.get("fallbacks", {}).items():
+        if n > before.get("fallbacks", {}).get(reason, 0):
             return f"fallback: {reason}"
     for kind in ("replays", "graph_runs"):
         for entry, n in after.get(kind, {}).items():

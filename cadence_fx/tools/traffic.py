@@ -95,8 +95,7 @@ def plan(seed: int, conversations: int, turns: int, ranges: dict[str, tuple[int,
 
 def run(args) -> int:
     import torch
-    from ..lockstep import chunk_seed, deterministic_protocol, live_extent
-    from ..pcm import pcm_bytes
+    from ..lockstep import deterministic_protocol
     from .bench.stats import percentile
     if args.conversations < 1 or args.turns < 1:
         raise SystemExit("--conversations and --turns must be >= 1")
@@ -130,9 +129,9 @@ def run(args) -> int:
             if kind == "open":
                 live[c.index] = _open(spec, args, c, stock, opt, device, say)
             elif kind == "reset":
-                _reset(live[c.index], device)
+                _reset(live[c.index])
             else:
-                rows.append(_chunk(live[c.index], c, turn, ch, args.seed, device, chunk_seed, live_extent, pcm_bytes))
+                rows.append(_chunk(live[c.index], c, turn, ch, args.seed, device))
     report = _report(args, rules, convos, live, rows, device, percentile)
     for c in live.values():
         c["session"].close()
@@ -140,60 +139,54 @@ def run(args) -> int:
     return 0 if report["exact"] else 1
 
 
-def _sync(device) -> None:
-    import torch
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _open(spec, args, c: Conversation, stock, opt, device, say) -> dict:
+    from ..lockstep import sync
     if say:
         say(f"conversation {c.index + 1}: a voice of {c.prompt_tokens} tokens, {len(c.turns)} turn(s)")
     prompt = spec.prompt(argparse.Namespace(**{**vars(args), "prompt_tokens": c.prompt_tokens,
                                                "seed": args.seed + c.index}))
     mine = stock if c.index == 0 else copy.deepcopy(stock)  # a stock stream of its own
-    _sync(device)
+    sync(device)
     t0 = time.perf_counter()
     session = opt.open_session(*prompt)
-    _sync(device)
+    sync(device)
     t1 = time.perf_counter()
     mine.set_stream_cache(*prompt)
-    _sync(device)
+    sync(device)
     t2 = time.perf_counter()
     return {"prompt": prompt, "stock": mine, "session": session, "setup_s": (t1 - t0, t2 - t1),
             "setup": session.stats().get("setup_s"), "chunks": 0, "ttfa_ms": None}
 
 
-def _reset(c: dict, device) -> None:
+def _reset(c: dict) -> None:
     c["session"].reset()
     c["stock"].set_stream_cache(*c["prompt"])  # stock's post-prompt state: set up again
 
 
-def _chunk(c: dict, convo: Conversation, turn: int, ch, seed: int, device, chunk_seed, live_extent,
-           pcm_bytes) -> dict:
+def _chunk(c: dict, convo: Conversation, turn: int, ch, seed: int, device) -> dict:
     import torch
+    from ..lockstep import chunk_route, chunk_seed, live_extent, rng_state, set_rng_state, sync
+    from ..pcm import pcm_bytes
     tokens, last = ch
     i = c["chunks"]
     torch.manual_seed(chunk_seed(seed * 100 + convo.index, i))
-    rng = torch.random.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-    _sync(device)
+    rng = rng_state(device)
+    sync(device)
     t0 = time.perf_counter()
     c["stock"].stream(tokens, last_chunk=last, return_waveform=True)
-    _sync(device)
+    sync(device)
     t1 = time.perf_counter()
-    torch.random.set_rng_state(rng[0])
-    if rng[1] is not None:
-        torch.cuda.set_rng_state(rng[1], device)
+    set_rng_state(rng, device)
     before = c["session"].stats()
     t2 = time.perf_counter()
     c["session"].stream(tokens, last_chunk=last, return_waveform=True)
-    _sync(device)
+    sync(device)
     t3 = time.perf_counter()
     after = c["session"].stats()
     stock_wave, wave = c["stock"].last_speech, c["session"].last_speech
     state, stock_state = c["session"].state(), c["stock"].state()
     bad = [r for r, t in stock_state.items() if r not in state or not torch.equal(live_extent(t, state[r]), state[r])]
-    route = _route(before, after)
+    route = chunk_route(before, after)
     if i == 0:
         c["ttfa_ms"] = ((c["setup_s"][0] + t3 - t2) * 1e3, (c["setup_s"][1] + t1 - t0) * 1e3)
     c["chunks"] += 1
@@ -201,17 +194,6 @@ def _chunk(c: dict, convo: Conversation, turn: int, ch, seed: int, device, chunk
             "route": route, "wave_equal": bool(torch.equal(wave, stock_wave)),
             "pcm_equal": pcm_bytes(wave.float().cpu().numpy()) == pcm_bytes(stock_wave.float().cpu().numpy()),
             "state_equal": not bad, "mismatched": bad, "ms": (t3 - t2) * 1e3, "stock_ms": (t1 - t0) * 1e3}
-
-
-def _route(before: dict, after: dict) -> str:
-    for reason, n in after.get("fallbacks", {}).items():
-        if n > before.get("fallbacks", {}).get(reason, 0):
-            return f"fallback: {reason}"
-    for kind, name in (("replays", "replay"), ("graph_runs", "graph")):
-        for entry, n in after.get(kind, {}).items():
-            if n > before.get(kind, {}).get(entry, 0):
-                return f"{name} entry {entry}"
-    return "?"
 
 
 def _report(args, rules: str, convos, live, rows, device, percentile) -> dict:

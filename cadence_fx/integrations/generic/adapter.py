@@ -7,6 +7,7 @@ declaration describes what the step does at every catalog shape.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping
 
 import torch
@@ -26,6 +27,21 @@ def module_device_dtype(model: torch.nn.Module) -> tuple[torch.device, torch.dty
     device = tensors[0].device if tensors else torch.device("cpu")
     floats = [t.dtype for t in tensors if t.is_floating_point()]
     return device, floats[0] if floats else torch.float32
+
+
+def declared_buffers(declaration: Declaration, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's own buffer at every path a region declares (``Region(buffers=...)``)."""
+    owned = dict(model.named_buffers())
+    missing = [p for r in declaration.regions for p in r.buffers if p not in owned]
+    if missing:
+        raise DeclarationError(f"{type(model).__name__} has no buffer(s) {missing} (declared in Region(buffers=...)); "
+                               f"its buffers: {sorted(owned)[:8]}")
+    return {p: owned[p] for r in declaration.regions for p in r.buffers}
+
+
+def private_buffers(declaration: Declaration, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Fresh copies of the declared buffers: a stock stream of its own (``rebind_buffers``)."""
+    return {p: t.clone() for p, t in declared_buffers(declaration, model).items()}
 
 
 def resolve_dims(model: Any, declaration: Declaration, given: Mapping[str, int] | None,
@@ -89,13 +105,7 @@ class GenericAdapter(StreamingAdapter):
         self._device, self._dtype = module_device_dtype(model)
         self._examples = {k: v.detach().clone() for k, v in example_inputs.items()}
         self.signature = StepSignature(inputs=form.inputs, regions=form.carried, outputs=outputs)
-        self._paths = [p for r in declaration.regions for p in r.buffers]
-        owned = dict(model.named_buffers())
-        missing = [p for p in self._paths if p not in owned]
-        if missing:
-            raise DeclarationError(f"{form.owner} has no buffer(s) {missing} (declared in Region(buffers=...)); "
-                                   f"its buffers: {sorted(owned)[:8]}")
-        self._stock = {p: owned[p] for p in self._paths}
+        self._stock = declared_buffers(declaration, model)
 
     def dims(self) -> dict[str, int]:
         return dict(self._dims)
@@ -122,10 +132,6 @@ class GenericAdapter(StreamingAdapter):
         """The model with its declared buffers replaced (shares everything else)."""
         return rebind_buffers(self.model, buffers) if buffers else self.model
 
-    def private_buffers(self) -> dict[str, torch.Tensor]:
-        """Fresh copies of the model's declared buffers: a stock stream of its own."""
-        return {p: t.clone() for p, t in self._stock.items()}
-
     def bind(self, buffers: Mapping[str, torch.Tensor], dims=None):
         twin = self.twin(buffers)
         method = getattr(twin, self.form.method)
@@ -143,7 +149,7 @@ class GenericAdapter(StreamingAdapter):
 
     def fallback(self, inputs, state, **flags):
         """Any step, eagerly, on private copies of the declared buffers."""
-        return self.bind(self.private_buffers())(inputs, state, **flags)
+        return self.bind(private_buffers(self.declaration, self.model))(inputs, state, **flags)
 
     def stock_buffers(self) -> dict[str, torch.Tensor]:
         return dict(self._stock)
@@ -159,13 +165,6 @@ class GenericAdapter(StreamingAdapter):
     def stock_state_bytes(self) -> int:
         """The declared buffers plus the steady state the step carries."""
         steady = self.plan().catalog[-1]
-        carried = sum(_numel(s.shape) * torch.empty((), dtype=getattr(torch, s.dtype)).element_size()
+        carried = sum(math.prod(s.shape) * torch.empty((), dtype=getattr(torch, s.dtype)).element_size()
                       for r, s in steady.regions.items() if r in self.form.carried)
         return sum(t.nbytes for t in self._stock.values()) + carried
-
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n

@@ -25,13 +25,14 @@ import torch
 
 from ...annotations import get_declaration
 from ...compiler import open_session
+from ...lockstep import rng_state, set_rng_state
 from ...errors import CadenceError, DeclarationError, InputError, SessionBroken, SessionClosed
 from ...plan import TensorSpec, make_plan
 from ...runtime.binding import rebind_buffers
 from ..dropin import DropIn
-from .adapter import GenericAdapter, check_state, module_device_dtype, resolve_dims
+from .adapter import GenericAdapter, check_state, module_device_dtype, private_buffers, resolve_dims
 from .form import StepForm, render
-from .probe import differences, probe, rng_devices
+from .probe import differences, probe
 
 #: the shadow check's length when ``optimize`` is not told (``check_chunks=None``): at
 #: least this many steps, and every catalog entry twice
@@ -102,7 +103,7 @@ class OptimizedModule(DropIn):
         key = (tuple(sorted(dims.items())), tuple((k, TensorSpec.of(v)) for k, v in inputs.items()))
         with self._lock:
             if key not in self._configs:
-                twin = rebind_buffers(self.model, _clones(self.declaration, self.model))
+                twin = rebind_buffers(self.model, private_buffers(self.declaration, self.model))
                 names, how = probe(self.model, twin, self.form, self.declaration, dims, inputs, state0, self.dtype,
                                    self.device)
                 self._configs[key] = (GenericAdapter(self.model, self.form, self.declaration, dims, inputs, names),
@@ -116,8 +117,7 @@ class GenericSession:
 
     def __init__(self, owner: OptimizedModule, args: tuple):
         self.owner, self.form = owner, owner.form
-        buffers = _clones(owner.declaration, owner.model)
-        twin = rebind_buffers(owner.model, buffers) if buffers else owner.model
+        twin = rebind_buffers(owner.model, private_buffers(owner.declaration, owner.model))
         with torch.no_grad():
             state0 = self.form.state_of(getattr(twin, self.form.initial)(*args), "open_session")
         self.dims = resolve_dims(owner.model, owner.declaration, owner.given_dims, state0)
@@ -155,11 +155,11 @@ class GenericSession:
         if self._shadow_left <= 0:
             self.last_outputs = self.core.step(named, **flags)
             return render(self.last_outputs, self._how)
-        devices = rng_devices(self.owner.device)
-        rng = _rng(devices)
+        device = self.owner.device
+        rng = rng_state(device)
         outputs = self.core.step(named, **flags)  # an InputError here leaves both streams as they were
-        after = _rng(devices)
-        _set_rng(rng, devices)
+        after = rng_state(device)
+        set_rng_state(rng, device)
         try:
             with torch.no_grad():
                 value = getattr(self._shadow_twin, self.form.method)(
@@ -169,7 +169,7 @@ class GenericSession:
             self._broken = e
             raise
         finally:
-            _set_rng(after, devices)
+            set_rng_state(after, device)
         diff = differences(outputs, stock_outputs, self.core.state(), stock_state)
         if diff:
             self._broken = DeclarationError(
@@ -203,7 +203,8 @@ class GenericSession:
             self.core.restore(self._snapshot)
         if self._shadow_left > 0:
             self._shadow_state = {r: t.clone() for r, t in self._state0.items()}
-        self._broken = None if not isinstance(self._broken, DeclarationError) else self._broken
+        if not isinstance(self._broken, DeclarationError):  # a wrong declaration stays wrong
+            self._broken = None
 
     def state(self) -> dict[str, torch.Tensor]:
         """The carried state: live arena views after the first step, the initial state before."""
@@ -243,24 +244,6 @@ class GenericSession:
         if self.core is None:
             raise InputError(f"{what}() needs a stream that has stepped: the session compiles at its first step")
         return self.core
-
-
-def _clones(declaration, model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    owned = dict(model.named_buffers())
-    missing = [p for r in declaration.regions for p in r.buffers if p not in owned]
-    if missing:
-        raise DeclarationError(f"{type(model).__name__} has no buffer(s) {missing} (declared in Region(buffers=...))")
-    return {p: owned[p].clone() for r in declaration.regions for p in r.buffers}
-
-
-def _rng(devices: list) -> tuple:
-    return torch.random.get_rng_state(), [torch.cuda.get_rng_state(d) for d in devices]
-
-
-def _set_rng(state: tuple, devices: list) -> None:
-    torch.random.set_rng_state(state[0])
-    for d, s in zip(devices, state[1]):
-        torch.cuda.set_rng_state(s, d)
 
 
 def accepts(factory: Callable[..., Any], options: Mapping[str, Any]) -> list[str]:

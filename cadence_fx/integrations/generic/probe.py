@@ -21,10 +21,6 @@ from .adapter import check_state
 from .form import StepForm
 
 
-def rng_devices(device: torch.device) -> list:
-    return [device] if device.type == "cuda" else []
-
-
 @torch.no_grad()
 def probe(model: torch.nn.Module, twin: torch.nn.Module, form: StepForm, declaration: Declaration,
           dims: Mapping[str, int], inputs: Mapping[str, torch.Tensor], state0: Mapping[str, torch.Tensor],
@@ -39,7 +35,7 @@ def probe(model: torch.nn.Module, twin: torch.nn.Module, form: StepForm, declara
     names: tuple[str, ...] | None = None
     how = ""
     try:
-        with torch.random.fork_rng(devices=rng_devices(device)):
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             for k in range(len(plan.catalog) + 1):
                 value = getattr(twin, form.method)(*[inputs[n].clone() for n in form.inputs],
                                                    *[state[r] for r in form.carried])

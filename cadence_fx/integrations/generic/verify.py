@@ -19,17 +19,18 @@ from typing import Any, Callable
 import torch
 
 from ...annotations import get_declaration
-from ...lockstep import ChunkReport, _route, chunk_seed
+from ...lockstep import ChunkReport, chunk_route, chunk_seed, rng_state, set_rng_state, sync
 from ...runtime.binding import rebind_buffers
-from .dropin import OptimizedModule, _clones, _rng, _set_rng
+from .adapter import private_buffers
+from .dropin import OptimizedModule
 from .form import StepForm
-from .probe import differences, rng_devices
+from .probe import differences
 
 
 def as_chunks(inputs: Any) -> list[tuple[torch.Tensor, ...]]:
     """``inputs`` (one entry per chunk: a tensor or a tuple of tensors) as tuples."""
     chunks = []
-    for i, x in enumerate(inputs):
+    for x in inputs:
         chunks.append((x,) if isinstance(x, torch.Tensor) else tuple(x))
     if not chunks:
         from ...errors import InputError
@@ -45,30 +46,30 @@ def verify_model(model: torch.nn.Module, inputs: Any, rules: str = "S", seed: in
     chunks = as_chunks(inputs)
     form = StepForm.of(model, get_declaration(model))
     opt = optimized or OptimizedModule(model, rules=rules, check_chunks=0, cache=False, **options)
-    devices = rng_devices(opt.device)
-    twin = rebind_buffers(model, _clones(opt.declaration, model))
-    rng = _rng(devices)
+    device = opt.device
+    twin = rebind_buffers(model, private_buffers(opt.declaration, model))
+    rng = rng_state(device)
     with torch.no_grad():
         stock_state = form.state_of(getattr(twin, form.initial)(*setup_args), "verify")
-    _set_rng(rng, devices)
+    set_rng_state(rng, device)
     session = opt.open_session(*setup_args)
     rows: list[ChunkReport] = []
     sha = {"stock": hashlib.sha256(), "optimized": hashlib.sha256()}
     for i, args in enumerate(chunks):
         if seed is not None:
             torch.manual_seed(chunk_seed(seed, i))
-        rng = _rng(devices)
+        rng = rng_state(device)
         t0 = time.perf_counter()
         with torch.no_grad():
             value = getattr(twin, form.method)(*args, *[stock_state[r] for r in form.carried])
         stock_out, stock_state, how = form.split(value)
-        _sync(opt.device)
+        sync(device)
         t1 = time.perf_counter()
         before = session.stats()
-        _set_rng(rng, devices)
+        set_rng_state(rng, device)
         t2 = time.perf_counter()
         session.step(*args)
-        _sync(opt.device)
+        sync(device)
         t3 = time.perf_counter()
         after = session.stats()
         opt_out = session.last_outputs
@@ -79,7 +80,7 @@ def verify_model(model: torch.nn.Module, inputs: Any, rules: str = "S", seed: in
         outputs_equal = not any(d.startswith("output") for d in diff)
         mismatched = [d.split("'")[1] for d in diff if d.startswith("region")]
         first = next(iter(opt_out.values()), None)
-        rows.append(ChunkReport(i, False, _route(before, after, before.get("fallbacks", {})),
+        rows.append(ChunkReport(i, False, chunk_route(before, after),
                                 int(first.numel()) if first is not None else 0, outputs_equal, outputs_equal,
                                 not mismatched, mismatched, hashlib.sha256(b"".join(_bytes(t) for t in opt_out.values()))
                                 .hexdigest(), (t1 - t0) * 1e3, (t3 - t2) * 1e3))
@@ -103,7 +104,3 @@ def verify_model(model: torch.nn.Module, inputs: Any, rules: str = "S", seed: in
 def _bytes(t: torch.Tensor) -> bytes:
     return t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b""
 
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
