@@ -43,14 +43,13 @@ def optimize(model: Any, rules: str = "S", progress: Callable[[str], None] | Non
     (how many first steps of each session run the stock step beside the optimized one
     and raise ``DeclarationError`` on any difference; default: max(8, twice the catalog)).
     """
-    from .integrations import factory_for
+    from .integrations import factory_for, unknown_options
     factory = factory_for(model)
     if factory is None:
         get_declaration(model)  # a clear error if the model declares no clocks
         from .integrations.generic import OptimizedModule
         factory = OptimizedModule
-    from .integrations.generic.dropin import accepts
-    unknown = accepts(factory, options)
+    unknown = unknown_options(factory, options)
     if unknown:
         raise CadenceError(f"optimize({type(model).__name__}) got option(s) {unknown} that its integration "
                            f"({getattr(factory, '__qualname__', factory)}) does not take")

@@ -57,6 +57,18 @@ def unregister(cls: type) -> None:
         _REGISTERED.pop(cls, None)
 
 
+def unknown_options(factory: Callable[..., Any], options: dict[str, Any]) -> list[str]:
+    """The names in ``options`` that ``factory`` does not take (none if it takes ``**kwargs``)."""
+    import inspect
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return []
+    if any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return []
+    return [k for k in options if k not in params]
+
+
 def factory_for(model: Any) -> Callable[..., Any] | None:
     """The registered or built-in factory for ``model``'s class, else ``None`` (the generic path)."""
     import importlib

@@ -16,7 +16,6 @@ before the caller sees the output.
 
 from __future__ import annotations
 
-import inspect
 import os
 import threading
 from typing import Any, Callable, Mapping
@@ -244,14 +243,3 @@ class GenericSession:
         if self.core is None:
             raise InputError(f"{what}() needs a stream that has stepped: the session compiles at its first step")
         return self.core
-
-
-def accepts(factory: Callable[..., Any], options: Mapping[str, Any]) -> list[str]:
-    """The names in ``options`` that ``factory`` does not take."""
-    try:
-        params = inspect.signature(factory).parameters
-    except (TypeError, ValueError):
-        return []
-    if any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return []
-    return [k for k in options if k not in params]
