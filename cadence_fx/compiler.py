@@ -46,6 +46,8 @@ from .programs.entry import specialized_entry
 from .runtime.arena import Arena
 from .runtime.graphs import CapturedRegion
 from .runtime.session import EntryProgram, Executable, Session, StockStateSession
+from .runtime.variants import (DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, VariantKey, VariantRefused, Variants,
+                               check_policy)
 from .step import Rules
 
 RULES = Rules.NAMES
@@ -77,8 +79,11 @@ def build_plan(adapter: StreamingAdapter, dims: "dict[str, int] | None" = None) 
                      extra_verdicts=adapter.callable_verdicts())
 
 
-def region_bindings(plan: Plan, entry: CatalogEntry) -> list[RegionBinding]:
-    """What ``state_rewrite`` needs of the plan for one entry (plain data)."""
+def region_bindings(plan: Plan, entry: CatalogEntry,
+                    extents_out: "dict[str, int | None] | None" = None) -> list[RegionBinding]:
+    """What ``state_rewrite`` needs of the plan for one entry (plain data).  The next
+    extents are the next catalog entry's, or ``extents_out`` where given (an off-catalog
+    chunk's, from its trace)."""
     nxt = plan.entry_for_step(entry.phase + 1)
     out = []
     for slot in plan.layout.slots:
@@ -87,6 +92,8 @@ def region_bindings(plan: Plan, entry: CatalogEntry) -> list[RegionBinding]:
         if slot.axis is not None:
             ext_in = entry.regions[slot.name].shape[slot.axis]
             ext_out = nxt.regions[slot.name].shape[slot.axis]
+            if extents_out is not None and slot.name in extents_out:
+                ext_out = extents_out[slot.name]
         out.append(RegionBinding(slot.name, tuple(slot.shape), slot.dtype, slot.axis, ext_in, ext_out,
                                  region.carried))
     return out
@@ -126,7 +133,9 @@ def buffer_bindings(declaration: Declaration, arena: Arena) -> dict[str, torch.T
 
 def compile_executable(adapter: StreamingAdapter, rules: "str | Rules" = "S",
                        progress: Callable[[str], None] | None = None,
-                       programs: ProgramStore | None = None) -> Executable:
+                       programs: ProgramStore | None = None, off_catalog: str = "eager",
+                       max_specializations: int = DEFAULT_MAX_ENTRIES,
+                       max_specialization_bytes: int = DEFAULT_MAX_BYTES) -> Executable:
     """Trace, rewrite and lower every catalog entry of ``adapter``'s plan.
 
     ``programs``: the model's ``ProgramStore``.  With one, and an adapter with
@@ -135,15 +144,24 @@ def compile_executable(adapter: StreamingAdapter, rules: "str | Rules" = "S",
     a symbolic trace or its guards refuse, the entry is traced at its exact shapes.
     ``notes["setup"]`` says per entry which happened, why, and what it cost (and, for a
     symbolic step, ``"program"``: found in "memory", on "disk", "not cached", or "rejected: <why>").
+
+    ``off_catalog`` (rules with S): what a chunk the catalog does not hold does (a
+    shorter window, a flush, the steps after them): ``"eager"`` runs the exact eager
+    path, counted; ``"specialize"`` builds it a program on first use (``runtime.variants``:
+    at most ``max_specializations`` programs and ``max_specialization_bytes`` of their
+    constants per executable, least recently used out first).
     """
     device = torch.device(adapter.device)
     check_rules(rules, device)
-    return _compile(adapter, rules, progress, programs)
+    check_policy(off_catalog, max_specializations, max_specialization_bytes)
+    return _compile(adapter, rules, progress, programs,
+                    (off_catalog, max_specializations, max_specialization_bytes))
 
 
 def _compile(adapter: StreamingAdapter, rules: "str | Rules",
              progress: Callable[[str], None] | None = None,
-             programs: ProgramStore | None = None) -> Executable:
+             programs: ProgramStore | None = None,
+             off_catalog: tuple = ("eager", DEFAULT_MAX_ENTRIES, DEFAULT_MAX_BYTES)) -> Executable:
     """``compile_executable`` without the device check (``rules=""``: stock-state graphs, for tests)."""
     rules = _rules(rules)
     device = torch.device(adapter.device)
@@ -209,7 +227,116 @@ def _compile(adapter: StreamingAdapter, rules: "str | Rules",
                                             None if rules.stable_state else specs)
     del step
     notes["setup_s"] = _setup_totals(notes["setup"])
-    return Executable(plan, entries, sig.inputs, sig.outputs, carried, rules, notes, spare_arena=scratch)
+    variants = None
+    if rules.stable_state:
+        variants = Variants(_variant_builder(adapter, plan, rules, programs, say), *off_catalog)
+    return Executable(plan, entries, sig.inputs, sig.outputs, carried, rules, notes, spare_arena=scratch,
+                      variants=variants)
+
+
+def _variant_builder(adapter: StreamingAdapter, plan: Plan, rules: Rules, programs: ProgramStore | None, say):
+    """``build(key, inputs) -> (EntryProgram, bytes, how)`` for ``runtime.variants``: a chunk the
+    catalog does not hold, at the state ``key`` names, specialized from the model's symbolic
+    step where the state is a catalog entry's (and the adapter has symbolic dims), else
+    traced at its exact shapes on a scratch arena; then the rewrite pipeline of ``rules``."""
+    device = torch.device(adapter.device)
+    sig = adapter.signature
+    devices = [device] if device.type == "cuda" else []
+
+    def build(key: VariantKey, inputs: dict[str, torch.Tensor]):
+        flags = key.flag_values
+        entry = variant_entry(plan, key)
+        example = {n: _copy_strided(inputs[n]) for n in sig.inputs}
+        scratch = Arena(plan.layout, device)
+        by_region = {r.name: scratch.full(r.name) for r in adapter.declaration.regions
+                     if r.buffers and r.name in scratch.regions}
+        setup = {"how": "traced", "trace_s": 0.0, "specialize_s": 0.0}
+        gm = None
+        if key.entry is not None and programs is not None and adapter.symbolic_dims():
+            gm = specialized_entry(adapter, lambda d: build_plan(adapter, d), plan, plan.catalog[key.entry],
+                                   by_region, programs, setup, say, example_inputs=example, flags=flags)
+        with torch.random.fork_rng(devices=devices):
+            if gm is None:
+                say(f"tracing the off-catalog chunk {key.label()} at its exact shapes")
+                step = adapter.bind(buffer_bindings(adapter.declaration, scratch))
+                fn = (lambda i, s: step(i, s, **flags)) if flags else step
+                state = {r: torch.zeros(entry.regions[r].shape, dtype=getattr(torch, entry.regions[r].dtype),
+                                        device=device) for r in sig.regions}
+                t0 = time.perf_counter()
+                gm = trace_step(fn, sig, example, state, by_region)
+                setup["trace_s"] = round(time.perf_counter() - t0, 3)
+            bindings = region_bindings(plan, entry, traced_extents(gm, plan))
+            gm, _ = rewrite_pipeline(bindings, rules, device.type, adapter.step_boundary())(gm)
+        nxt = {b.name: b.extent_out for b in bindings if b.carried}
+        program = EntryProgram(entry, gm, meta.arena_inputs(gm), nxt, "cudagraph" if rules.replays else "graph")
+        return program, own_bytes(gm, adapter), setup["how"]
+    return build
+
+
+def variant_entry(plan: Plan, key: VariantKey) -> CatalogEntry:
+    """The signature an off-catalog chunk's program is exact for (what the gate checks):
+    its inputs, and every region as the arena view at the key's extents (regions the step
+    does not carry, per-step scratch, as at the catalog entry, or the steady one)."""
+    base = plan.catalog[key.entry] if key.entry is not None else plan.catalog[-1]
+    extents = dict(key.extents)
+    regions = {}
+    for name, spec in base.regions.items():
+        axis = plan.layout.slot(name).axis
+        if axis is not None and extents.get(name) is not None:
+            shape = list(spec.shape)
+            shape[axis] = extents[name]
+            spec = TensorSpec(tuple(shape), spec.dtype, spec.stride, spec.device)
+        regions[name] = spec
+    inputs = {n: TensorSpec(shape, dtype, stride, base.inputs[n].device) for n, shape, dtype, stride in key.inputs}
+    return CatalogEntry(index=base.index, phase=base.phase, steps=(), regions=regions, inputs=inputs)
+
+
+def traced_extents(gm: fx.GraphModule, plan: Plan) -> dict[str, int | None]:
+    """Each carried region's extent in the next state a traced step returns; ``VariantRefused``
+    where it does not fit the region's arena slot (off the growth axis, or past its capacity)."""
+    sig = meta.signature(gm)
+    (outputs,) = [n.args[0] for n in gm.graph.nodes if n.op == "output"]
+    out = {}
+    for r, node in zip(sig.regions, outputs[len(sig.outputs):]):
+        slot = plan.layout.slot(r)
+        val = node.meta.get("val") if isinstance(node, fx.Node) else None
+        if not isinstance(val, torch.Tensor):
+            raise VariantRefused(f"the step's next {r} has no recorded shape")
+        shape = tuple(val.shape)
+        off = len(shape) != len(slot.shape) or any(a != b for d, (a, b) in enumerate(zip(shape, slot.shape))
+                                                   if d != slot.axis)
+        if off or (slot.axis is not None and shape[slot.axis] > slot.shape[slot.axis]):
+            raise VariantRefused(f"the step returns {r} of shape {shape}; its arena slot holds {tuple(slot.shape)}"
+                                 f"{'' if slot.axis is None else f' (growth axis {slot.axis})'}: the declared "
+                                 f"retention does not cover this chunk")
+        out[r] = None if slot.axis is None else shape[slot.axis]
+    return out
+
+
+def own_bytes(gm: fx.GraphModule, adapter: StreamingAdapter) -> int:
+    """Bytes of the tensors a program holds that are not the model's (folded host constants,
+    graph constants): what a specialization adds to memory besides its captured graphs."""
+    shared = {t.untyped_storage().data_ptr() for m in adapter.modules().values()
+              for t in (*m.parameters(), *m.buffers())}
+    seen, total = set(), 0
+    for mod in gm.modules():
+        tensors = [*mod._buffers.values(), *mod._parameters.values(),
+                   *(v for v in vars(mod).values() if isinstance(v, torch.Tensor))]
+        for t in tensors:
+            if t is None or isinstance(t, torch.nn.Parameter) or t.device.type == "meta":
+                continue
+            ptr = t.untyped_storage().data_ptr()
+            if ptr in shared or ptr in seen:
+                continue
+            seen.add(ptr)
+            total += t.untyped_storage().nbytes()
+    return total
+
+
+def _copy_strided(t: torch.Tensor) -> torch.Tensor:
+    """A copy with ``t``'s strides (a program is exact for the layout it was traced at)."""
+    out = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=t.device)
+    return out.copy_(t)
 
 
 def check_signature(declaration: Declaration, sig: meta.StepSignature, plan: Plan) -> None:

@@ -136,14 +136,16 @@ def compare_streams(stock, optimized, chunks: list[tuple[list[int], bool]], devi
 
 def chunk_route(before: dict, after: dict) -> str:
     """How one chunk ran, from a session's ``stats()`` before and after it: "fallback:
-    <reason>", "replay entry N", "graph entry N" (or "?")."""
+    <reason>", "replay entry N", "graph entry N", "replay specialization <label>" (an
+    off-catalog chunk's own program, ``runtime.variants``), ... (or "?")."""
     for reason, n in after.get("fallbacks", {}).items():
         if n > before.get("fallbacks", {}).get(reason, 0):
             return f"fallback: {reason}"
     for kind in ("replays", "graph_runs"):
         for entry, n in after.get(kind, {}).items():
             if n > before.get(kind, {}).get(entry, 0):
-                return f"{'replay' if kind == 'replays' else 'graph'} entry {entry}"
+                what = f"entry {entry}" if entry.isdigit() else f"specialization {entry}"
+                return f"{'replay' if kind == 'replays' else 'graph'} {what}"
     return "?"
 
 

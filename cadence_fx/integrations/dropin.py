@@ -20,6 +20,7 @@ from ..adapter import StreamingAdapter
 from ..compiler import check_rules, compile_executable, open_session
 from ..errors import RulesError
 from ..programs import ProgramStore, open_disk_cache
+from ..runtime.variants import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, check_policy
 from ..step import Rules
 
 
@@ -28,8 +29,12 @@ class DropIn:
     with ``_replace_session``."""
 
     def __init__(self, rules: str, device: torch.device, progress: Callable[[str], None] | None = None,
-                 cache: "bool | str | os.PathLike" = True):
+                 cache: "bool | str | os.PathLike" = True, off_catalog: str = "eager",
+                 max_specializations: int = DEFAULT_MAX_ENTRIES, max_specialization_bytes: int = DEFAULT_MAX_BYTES):
         self.rules = check_rules(rules, device)  # as given ("S", "SRc", ...): reports print it
+        check_policy(off_catalog, max_specializations, max_specialization_bytes)
+        #: what a chunk the catalog does not hold does (``compile_executable``'s ``off_catalog``)
+        self.off_catalog = (off_catalog, max_specializations, max_specialization_bytes)
         self.progress = progress
         self.session = None
         self._executables: dict[Hashable, Any] = {}
@@ -51,8 +56,24 @@ class DropIn:
     def _executable(self, key: Hashable, adapter: StreamingAdapter):
         """The executable for ``key``, compiled from ``adapter`` the first time (traced once)."""
         if key not in self._executables:
-            self._executables[key] = compile_executable(adapter, self.rules, self.progress, self.programs)
+            policy, most, most_bytes = self.off_catalog
+            self._executables[key] = compile_executable(adapter, self.rules, self.progress, self.programs, policy,
+                                                        most, most_bytes)
         return self._executables[key]
+
+    def set_off_catalog(self, policy: str, max_specializations: int | None = None,
+                        max_specialization_bytes: int | None = None) -> None:
+        """What a chunk the catalog does not hold does, from now on, for every stream
+        configuration (compiled already or not): ``"specialize"`` (its own program, built on
+        first use) or ``"eager"`` (the exact eager path).  ``None`` keeps a bound as it is."""
+        _, most, most_bytes = self.off_catalog
+        most = most if max_specializations is None else max_specializations
+        most_bytes = most_bytes if max_specialization_bytes is None else max_specialization_bytes
+        check_policy(policy, most, most_bytes)
+        self.off_catalog = (policy, most, most_bytes)
+        for exe in self._executables.values():
+            if exe.variants is not None:
+                exe.variants.configure(policy, most, most_bytes)
 
     def _replace_session(self, session) -> None:
         """``session`` becomes the default stream; the one it replaces is closed (after the

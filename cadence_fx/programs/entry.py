@@ -30,29 +30,36 @@ from .store import ProgramStore, symbolic_key
 MAX_VARIANTS = 4
 
 
-def run_once(adapter, entry: CatalogEntry, by_region: dict, device: torch.device) -> None:
-    """The step once, eagerly, on the scratch arena at the entry's shapes (generators forked)."""
+def run_once(adapter, entry: CatalogEntry, by_region: dict, device: torch.device,
+             inputs: dict | None = None, flags: dict | None = None) -> None:
+    """The step once, eagerly, on the scratch arena at the entry's shapes (generators forked);
+    ``inputs``/``flags``: an off-catalog chunk's (default: the adapter's example inputs, no flags)."""
     state = {r: torch.zeros(entry.regions[r].shape, dtype=getattr(torch, entry.regions[r].dtype), device=device)
              for r in adapter.signature.regions}
     bound = {p: by_region[r.name] for r in adapter.declaration.regions for p in r.buffers if r.name in by_region}
     devices = [device] if device.type == "cuda" else []
     with torch.no_grad(), torch.random.fork_rng(devices=devices):
-        adapter.bind(bound)(adapter.example_inputs(), state)
+        adapter.bind(bound)(adapter.example_inputs() if inputs is None else inputs, state, **(flags or {}))
 
 
 def _trace(adapter, plan_at: Callable, plan: Plan, entry: CatalogEntry, by_region: dict, symbolic: tuple,
-           dims: dict, inputs: dict, device: torch.device, say) -> SymbolicStep:
+           dims: dict, inputs: dict, device: torch.device, say, flags: dict, prepare) -> SymbolicStep:
     sig = adapter.signature
     state_shapes, slot_shapes = symbolic_shapes(plan_at, dims, symbolic, entry.index, tuple(sig.regions),
                                                 tuple(by_region))
-    say(f"tracing catalog entry {entry.index + 1}/{len(plan.catalog)} (steps {entry.steps}) once for "
+    what = f" with {_describe(inputs, flags)}" if flags or inputs != _example_specs(adapter) else ""
+    say(f"tracing catalog entry {entry.index + 1}/{len(plan.catalog)} (steps {entry.steps}){what} once for "
         f"every {', '.join(symbolic)}")
     buffers = {r: (slot_shapes[r], by_region[r].dtype, adapter.declaration.region(r).buffers) for r in by_region}
     state = {r: (state_shapes[r], getattr(torch, entry.regions[r].dtype)) for r in sig.regions}
     watch = tuple(adapter.modules().values())
 
+    def bind(buffers, dims=None):
+        step = adapter.bind(buffers, dims)
+        return (lambda i, s: step(i, s, **flags)) if flags else step
+
     def trace() -> SymbolicStep:
-        return trace_symbolic(adapter.bind, sig, {d: dims[d] for d in symbolic}, inputs, state, buffers, device,
+        return trace_symbolic(bind, sig, {d: dims[d] for d in symbolic}, inputs, state, buffers, device,
                               watch, memo_methods=adapter.memo_methods())
     try:
         return trace()
@@ -60,33 +67,48 @@ def _trace(adapter, plan_at: Callable, plan: Plan, entry: CatalogEntry, by_regio
         # a lazily built table (e.g. moved to the device on first use): run the step once for
         # real on the scratch arena, which does that first use, and trace again
         say(f"entry {entry.index + 1}: {e}; running the step once and tracing again")
-        run_once(adapter, entry, by_region, device)
+        prepare()
         return trace()
 
 
+def _example_specs(adapter) -> dict:
+    return {n: (tuple(t.shape), t.dtype) for n, t in adapter.example_inputs().items()}
+
+
+def _describe(inputs: dict, flags: dict) -> str:
+    shapes = ", ".join(f"{n} {tuple(s)}" for n, (s, _) in inputs.items())
+    return shapes + "".join(f", {k}={v}" for k, v in flags.items())
+
+
 def specialized_entry(adapter, plan_at: Callable[[dict], Plan], plan: Plan, entry: CatalogEntry, by_region: dict,
-                      programs: ProgramStore, setup: dict, say) -> "fx.GraphModule | None":
+                      programs: ProgramStore, setup: dict, say, example_inputs: dict | None = None,
+                      flags: dict | None = None) -> "fx.GraphModule | None":
     """The entry's graph specialized from one of the model's symbolic steps (traced here
     if none serves and a variant is left); ``None`` (with ``setup["reason"]``) where none
     can: the caller traces concretely.  ``setup`` gets ``how``, ``trace_s``,
-    ``specialize_s``, ``program`` (memory, disk, not cached, rejected: ...) and ``variant``."""
+    ``specialize_s``, ``program`` (memory, disk, not cached, rejected: ...) and ``variant``.
+
+    ``example_inputs``/``flags``: an off-catalog chunk at this entry's state (another
+    input shape, a flush): its own symbolic steps, keyed by those shapes and flags."""
     sig = adapter.signature
     device = torch.device(adapter.device)
     symbolic = tuple(adapter.symbolic_dims())
     dims = dict(adapter.dims())
     fixed = {d: v for d, v in dims.items() if d not in symbolic}
-    inputs = {n: (tuple(t.shape), t.dtype) for n, t in adapter.example_inputs().items()}
+    example = adapter.example_inputs() if example_inputs is None else dict(example_inputs)
+    flags = dict(flags or {})
+    inputs = {n: (tuple(t.shape), t.dtype) for n, t in example.items()}
     base = symbolic_key(entry.index, entry.steps, inputs, fixed, str(adapter.dtype), str(device),
-                        ",".join(sorted(by_region)))
+                        ",".join(sorted(by_region)), flags)
     why = programs.refused(base)
     if why is not None:
         setup["reason"] = why
         return None
-    tensors = {f"in_{n}": t for n, t in adapter.example_inputs().items()}
+    tensors = {f"in_{n}": t for n, t in example.items()}
     tensors.update({f"state_{r}": torch.zeros(entry.regions[r].shape, dtype=getattr(torch, entry.regions[r].dtype),
                                               device=device) for r in sig.regions})
     at = {d: dims[d] for d in symbolic}
-    prepare = lambda: run_once(adapter, entry, by_region, device)  # noqa: E731 - for a table moved on first use
+    prepare = lambda: run_once(adapter, entry, by_region, device, example, flags)  # noqa: E731 - a table moved on first use
     refusals = []
     for variant in range(MAX_VARIANTS):
         key = base + (("variant", variant),)
@@ -95,7 +117,8 @@ def specialized_entry(adapter, plan_at: Callable[[dict], Plan], plan: Plan, entr
         fresh = sym is None
         if fresh:
             try:
-                sym = _trace(adapter, plan_at, plan, entry, by_region, symbolic, dims, inputs, device, say)
+                sym = _trace(adapter, plan_at, plan, entry, by_region, symbolic, dims, inputs, device, say, flags,
+                             prepare)
             except (NotAffine, TraceError) as e:
                 programs.refuse(base, f"{type(e).__name__}: {e}")
                 setup["reason"] = f"{type(e).__name__}: {e}"

@@ -10,10 +10,12 @@ from .disk import DiskCache, key_parts
 
 
 def symbolic_key(entry_index: int, entry_steps: str, inputs: Mapping[str, tuple], fixed_dims: Mapping[str, int],
-                 dtype: str, device: str, placement: str) -> tuple:
-    """What a symbolic step depends on besides its symbolic dims (plain, hashable data)."""
-    return (entry_index, entry_steps, tuple(sorted((n, tuple(s), str(d)) for n, (s, d) in inputs.items())),
-            tuple(sorted(fixed_dims.items())), dtype, device, placement)
+                 dtype: str, device: str, placement: str, flags: Mapping[str, object] | None = None) -> tuple:
+    """What a symbolic step depends on besides its symbolic dims (plain, hashable data);
+    ``flags``: the step's flags (a flush), set only for off-catalog chunks."""
+    key = (entry_index, entry_steps, tuple(sorted((n, tuple(s), str(d)) for n, (s, d) in inputs.items())),
+           tuple(sorted(fixed_dims.items())), dtype, device, placement)
+    return key + (("flags",) + tuple(sorted(flags.items())),) if flags else key
 
 
 class ProgramStore:

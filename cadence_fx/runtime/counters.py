@@ -65,9 +65,15 @@ class SessionStats:
     def to_json(self) -> dict:
         return {
             "steps": self.steps,
-            "graph_runs": {str(k): v for k, v in sorted(self.graph_runs.items())},
-            "replays": {str(k): v for k, v in sorted(self.replays.items())},
+            "graph_runs": {str(k): v for k, v in sorted(self.graph_runs.items(), key=_entries_first)},
+            "replays": {str(k): v for k, v in sorted(self.replays.items(), key=_entries_first)},
             "fallbacks": dict(self.fallbacks),
             "fallback_total": sum(self.fallbacks.values()),
             "setup_s": self.setup.to_json(),
         }
+
+
+def _entries_first(item: tuple) -> tuple:
+    """Catalog entries (ints) in order, then specializations (labels) by name."""
+    k = item[0]
+    return (0, k, "") if isinstance(k, int) else (1, 0, str(k))

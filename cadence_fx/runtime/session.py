@@ -35,8 +35,9 @@ from ..plan import CatalogEntry, Plan, TensorSpec
 from ..step import Rules
 from .arena import Arena
 from .counters import SessionStats, SetupTimes
-from .gate import AdmissionGate, StockStateGate
+from .gate import AdmissionGate, StockStateGate, input_mismatch
 from .snapshot import SessionSnapshot
+from .variants import VariantKey, VariantRefused, Variants
 
 
 @dataclasses.dataclass
@@ -65,6 +66,8 @@ class Executable:
     #: rule S: the arena the entries were traced on, handed (zeroed) to the first session
     spare_arena: Arena | None = dataclasses.field(default=None, repr=False, compare=False)
     _spare_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False, compare=False)
+    #: rules with S: programs for the chunks the catalog does not hold (``runtime.variants``)
+    variants: Variants | None = dataclasses.field(default=None, repr=False, compare=False)
     _compile_claimed: bool = dataclasses.field(default=False, repr=False, compare=False)
 
     @property
@@ -117,9 +120,14 @@ class Session:
         self._expect_device = arena.device if arena is not None else torch.device(device)
         # set by prepare_replay: this session's own captured programs (graphs bind its arena)
         self._programs: dict[int, EntryProgram] | None = None
-        self.capture_failures: dict[int, dict[str, str]] = {}
+        self.capture_failures: dict[int | str, dict[str, str]] = {}  # entry or specialization label
         self._busy = threading.Lock()  # held by the one call running on this session
         self._broken: BaseException | None = None  # what a step failed with, part-way
+        # off-catalog specializations this session runs (under replay: captured on its arena)
+        self._variant_programs: dict[VariantKey, EntryProgram] = {}
+        self._variant_capture_s: dict[str, float] = {}
+        self._pool = None  # prepare_replay's graph pool and capture stream, for later captures
+        self._capture_stream = None
 
     # ------------------------------------------------------------------ public
     @torch.no_grad()
@@ -142,6 +150,7 @@ class Session:
             pool = torch.cuda.graph_pool_handle()  # one pool for all this session's graphs
             # and one capture stream: one set of library workspaces (None: a CPU test's fake capture)
             stream = torch.cuda.Stream(self._expect_device) if self._expect_device.type == "cuda" else None
+            self._pool, self._capture_stream = pool, stream  # specializations captured later use them too
             programs: dict[int, EntryProgram] = {}
             devices = [self._expect_device] if self._expect_device.type == "cuda" else []  # the CPU generator always forks
             try:
@@ -203,7 +212,10 @@ class Session:
                 reason = self._admit(entry, inputs)
             if reason is None:
                 return self._step_program(entry, inputs)
-            return self._step_fallback(inputs, flags, reason)
+            variant, why = self._variant(entry, inputs, flags)
+            if variant is not None:
+                return self._run_program(variant[1], variant[0].label(), inputs)
+            return self._step_fallback(inputs, flags, reason if why is None else f"{reason} (not specialized: {why})")
 
     @torch.no_grad()
     def snapshot(self) -> SessionSnapshot:
@@ -254,8 +266,15 @@ class Session:
         unused._stats.setup = dataclasses.replace(SetupTimes(), capture_s=theirs.capture_s)
 
     def stats(self) -> dict:
-        """Steps, graph and replay runs per entry, fallbacks by reason, ``setup_s`` (``SetupTimes``)."""
-        return self._stats.to_json()
+        """Steps, graph and replay runs per entry (and per specialization, by its label),
+        fallbacks by reason, ``setup_s`` (``SetupTimes``) and, where the executable keeps
+        specializations, ``specializations``: its policy, bounds, what it holds and refused,
+        and what this session captured (seconds per label)."""
+        out = self._stats.to_json()
+        if self.executable.variants is not None:
+            out["specializations"] = {**self.executable.variants.stats(),
+                                      "captured_here_s": dict(self._variant_capture_s)}
+        return out
 
     @property
     def state_bytes(self) -> int:
@@ -269,7 +288,11 @@ class Session:
     # ------------------------------------------------------------- one step
     def _step_program(self, entry: CatalogEntry, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The entry's graph (or replay) on the state in place; a failure part-way breaks the session."""
-        program = self._program(entry.index)
+        return self._run_program(self._program(entry.index), entry.index, inputs)
+
+    def _run_program(self, program: EntryProgram, label: "int | str",
+                     inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``program`` on the state in place, counted under ``label`` (an entry, or a specialization)."""
         args = [inputs[n] for n in self.executable.inputs] + self._state_args(program)
         try:
             if program.kind == "cudagraph":
@@ -288,11 +311,71 @@ class Session:
                 for _ in range(n - before[1].get(why, 0)):
                     self._stats.count_fallback(f"region refused replay: {why}")
             counter = self._stats.replays if after[0] > before[0] else self._stats.graph_runs
-            counter[entry.index] += 1
+            counter[label] += 1
         else:
-            self._stats.graph_runs[entry.index] += 1
+            self._stats.graph_runs[label] += 1
         self._stats.steps += 1
         return outputs
+
+    def _variant(self, entry: CatalogEntry | None, inputs: Mapping[str, torch.Tensor],
+                 flags: Mapping[str, Any]) -> tuple[tuple[VariantKey, EntryProgram] | None, str | None]:
+        """A specialization for a chunk the catalog does not hold (flags set, other input
+        shapes, or state off the catalog): ``((key, program), None)``, or ``(None, why not)``
+        (``why`` None where the chunk is not an off-catalog one, e.g. the arena moved)."""
+        variants = self.executable.variants
+        if variants is None or self.gate is None:
+            return None, None
+        off = any(flags.values()) or entry is None or input_mismatch(entry, inputs) is not None
+        if not off:
+            return None, None
+        try:
+            key = VariantKey.of(None if entry is None else entry.index, self.extents, self.executable.carried,
+                                inputs, self.executable.inputs, flags)
+        except VariantRefused as e:
+            return None, str(e)
+        program, why = variants.get(key, inputs)
+        if program is None:
+            return None, None if variants.policy == "eager" else why
+        why = self.gate.check(program.entry, inputs, self.extents)
+        if why is not None:
+            return None, why
+        return (key, self._session_variant(key, program, inputs)), None
+
+    def _session_variant(self, key: VariantKey, program: EntryProgram,
+                         inputs: Mapping[str, torch.Tensor]) -> EntryProgram:
+        """This session's copy of a specialization: under replay, captured on its arena now
+        (the live state is copied out first and written back after: capture runs the step)."""
+        held = self.executable.variants
+        for gone in [k for k in self._variant_programs if not held.holds(k)]:  # evicted: free its graphs
+            del self._variant_programs[gone]
+        if program.kind != "cudagraph":
+            return program
+        mine = self._variant_programs.get(key)
+        if mine is not None:
+            return mine
+        from .graphs import capture_entry, fresh_regions
+        t0 = time.perf_counter()
+        saved = {r: t.clone() for r, t in self._live_state().items()}
+        extents = dict(self.extents)
+        parent = fresh_regions(program.run)
+        args = [inputs[n] for n in self.executable.inputs] + self._capture_state_args(program)
+        devices = [self._expect_device] if self._expect_device.type == "cuda" else []
+        if self._pool is None and self._expect_device.type == "cuda":
+            self._pool = torch.cuda.graph_pool_handle()
+        try:
+            with torch.random.fork_rng(devices=devices):
+                try:
+                    failed = capture_entry(parent, args, self._pool, self._bound_storage(), self._capture_stream)
+                except torch.OutOfMemoryError as e:
+                    failed = {"*": f"out of memory while capturing: {e}"}
+        finally:  # capture ran the step on the arena: put the live state back (a failure here breaks it)
+            self._write_state(saved, extents)
+        if failed:
+            self.capture_failures[key.label()] = failed
+        mine = dataclasses.replace(program, run=parent)
+        self._variant_programs[key] = mine
+        self._variant_capture_s[key.label()] = round(time.perf_counter() - t0, 3)
+        return mine
 
     def _step_fallback(self, inputs: Mapping[str, torch.Tensor], flags: Mapping[str, Any],
                        reason: str) -> dict[str, torch.Tensor]:

@@ -19,12 +19,16 @@ def add_args(p) -> None:
 def run(args) -> int:
     from ..compiler import build_plan
     from ..programs import setup_section
+    from ..runtime import variants
     spec = model_of(args)
     adapter = spec.explain_adapter(args)
     plan = build_plan(adapter)
     doc = plan.to_json()
     doc["setup"] = {"symbolic_dims": list(adapter.symbolic_dims())}
-    text = plan.explain() + "\n\n" + setup_section(adapter.symbolic_dims())
+    doc["off_catalog"] = {"policies": list(variants.POLICIES), "default": "eager",
+                          "max_specializations": variants.DEFAULT_MAX_ENTRIES,
+                          "max_specialization_bytes": variants.DEFAULT_MAX_BYTES}
+    text = plan.explain() + "\n\n" + setup_section(adapter.symbolic_dims()) + "\n\n" + variants.off_catalog_section()
     if args.trace:
         doc["partition"], lines = partition_preview(spec, args)
         text += "\n\nPartition preview (rule S graphs, traced here; what rules SR/SRc would leave eager)\n" + lines

@@ -60,6 +60,9 @@ def add_args(p) -> None:
                        help={"prompt": "voice prompt tokens per conversation", "steady": "steady chunks per turn",
                              "window": "new tokens of the shorter window at a turn's end (+ lookahead)",
                              "flush": "tokens of the flush chunk (last_chunk=True)"}[name] + f" (default {lo},{hi})")
+    p.add_argument("--off-catalog", choices=("specialize", "eager"), default="specialize",
+                   help="windows, flushes and the steps after them: their own programs, built on first use "
+                        "(default), or the exact eager path")
     p.add_argument("--out", default=None, help="write traffic.json, traffic.md and traffic.png here")
     p.add_argument("--quiet", action="store_true")
 
@@ -113,6 +116,7 @@ def run(args) -> int:
     args.prompt_tokens = convos[0].prompt_tokens
     stock, _ = registry.build(spec, args)
     opt = registry.optimize(spec, stock, rules, say)
+    opt.set_off_catalog(args.off_catalog)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     live: dict[int, dict[str, Any]] = {}
@@ -239,12 +243,32 @@ def _report(args, rules: str, convos, live, rows, device, percentile) -> dict:
         "date": time.strftime("%Y-%m-%d"), "ranges": {k: list(getattr(args, f"{k}_range")) for k in DEFAULTS},
         "conversations": len(convos), "chunks": len(rows),
         "exact": all(p["exact"] for p in per), "program_share": prog, "replayed_share": rep,
-        "fallbacks": fallbacks(rows),
+        "fallbacks": fallbacks(rows), "off_catalog": args.off_catalog,
+        "specializations": _specializations(live),
         "ttfa_ms_p50": round(percentile(ttfa, 50), 1), "stock_ttfa_ms_p50": round(percentile(stock_ttfa, 50), 1),
         "chunk_ms_p50": p50, "chunk_ms_p99": p99, "stock_chunk_ms_p50": s50, "stock_chunk_ms_p99": s99,
         "peak_mib": round(torch.cuda.max_memory_allocated(device) / 2**20, 1) if device.type == "cuda" else None,
         "per_conversation": per, "per_chunk": rows,
     }
+
+
+def _specializations(live: dict) -> dict:
+    """Off-catalog programs over every conversation's executable: how many, build and capture seconds."""
+    built, build_s, captured_s, refused = 0, 0.0, 0.0, {}
+    seen = set()
+    for c in live.values():
+        spec = c["session"].stats().get("specializations")
+        if not spec:
+            continue
+        captured_s += sum(spec["captured_here_s"].values())
+        key = id(c["session"].session.executable) if hasattr(c["session"], "session") else None
+        if key in seen:
+            continue
+        seen.add(key)
+        built += spec["built"]
+        build_s += sum(v["build_s"] for v in spec["held"].values())
+        refused.update(spec["refused"])
+    return {"built": built, "build_s": round(build_s, 2), "capture_s": round(captured_s, 2), "refused": refused}
 
 
 def markdown(report: dict) -> str:
@@ -257,6 +281,9 @@ def markdown(report: dict) -> str:
              f"{report['stock_ttfa_ms_p50']} ms); chunk p50/p99 {report['chunk_ms_p50']}/{report['chunk_ms_p99']} ms "
              f"(stock {report['stock_chunk_ms_p50']}/{report['stock_chunk_ms_p99']}); peak {report['peak_mib']} MiB",
              "", f"fallbacks: {report['fallbacks'] or 'none'}", "",
+             f"off-catalog chunks: {report['off_catalog']}; specializations built {report['specializations']['built']} "
+             f"in {report['specializations']['build_s']} s, captured in {report['specializations']['capture_s']} s",
+             "",
              "| conv | prompt | turns | chunks | exact | program | replayed | TTFA ms (stock) | p50/p99 ms |",
              "|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
     for p in report["per_conversation"]:

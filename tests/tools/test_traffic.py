@@ -27,6 +27,7 @@ def small(t2w):
                                           optimize=lambda stock, rules, progress: t2w.opt, bench=None))
     yield t2w
     registry.unregister(SMALL)
+    t2w.opt.set_off_catalog("eager")  # the shared model's default again (traffic switched it)
 
 
 def test_the_plan_is_seeded_and_shaped_like_the_demo():
@@ -41,10 +42,13 @@ def test_the_plan_is_seeded_and_shaped_like_the_demo():
             assert 1 <= len(turn[-1][0]) <= 28 and turn[-1][1]
 
 
-def test_traffic_is_exact_and_reports_its_shares(small, capsys, tmp_path):
+def test_traffic_is_exact_and_every_chunk_runs_the_program(small, capsys, tmp_path):
+    """Windows and flushes get their own programs (``--off-catalog specialize``, the
+    default): traced symbolically for the first voice, specialized for the second, reused
+    in the second turn; every chunk of both conversations runs the traced program."""
     code = cli.main(["traffic", "--model", SMALL, "--n-timesteps", "2", "--conversations", "2", "--turns", "2",
-                     "--prompt-range", "5,6", "--steady-range", "1,2", "--window-range", "8,9", "--flush-range",
-                     "1,5", "--json", "--quiet", "--out", str(tmp_path)])
+                     "--prompt-range", "5,6", "--steady-range", "2,3", "--window-range", "8,8", "--flush-range",
+                     "3,3", "--json", "--quiet", "--out", str(tmp_path)])
     out = capsys.readouterr()
     report = json.loads(out.out.strip().splitlines()[-1])
     assert code == 0 and report["exact"] is True, report
@@ -53,9 +57,12 @@ def test_traffic_is_exact_and_reports_its_shares(small, capsys, tmp_path):
     rows = full["per_chunk"]
     assert len(rows) == report["chunks"] and all(r["wave_equal"] and r["pcm_equal"] and r["state_equal"] for r in rows)
     steady = [r for r in rows if r["tokens"] == 28]
-    assert steady and all(r["route"].startswith("graph") for r in steady)  # the catalog's chunks ran the program
-    flushes = [r for r in rows if r["last"]]
-    assert all(r["route"].startswith("fallback") for r in flushes)  # today: the exact eager path, counted
-    assert report["program_share"] == pytest.approx(len(steady) / len(rows), abs=1e-3)
+    assert steady and all(r["route"].startswith("graph entry") for r in steady)  # the catalog's chunks
+    ends = [r for r in rows if r["tokens"] != 28]
+    assert ends and all(r["route"].startswith("graph specialization entry 2 | token (1, ") for r in ends), ends
+    assert report["program_share"] == 1.0 and report["fallbacks"] == {}
     assert report["replayed_share"] == 0.0  # rule S on the CPU replays nothing
+    assert report["off_catalog"] == "specialize"
+    # a window and a flush per voice (one symbolic trace each, then a specialization for the second voice)
+    assert report["specializations"]["built"] == 4 and report["specializations"]["refused"] == {}
     assert (tmp_path / "traffic.md").read_text().startswith("# traffic: 2 conversations")

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import torch
 
+from ...runtime.variants import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES
 from ...compiler import build_plan, open_session
 from ...programs import setup_section
 from ...runtime.binding import rebind_buffers
+from ...runtime.variants import off_catalog_section
 from ..dropin import DropIn
 from ..frames import speech_out
 from .adapter import STOCK_BUFFERS, Token2WavAdapter, module_buffer
@@ -35,8 +37,9 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
     first (``inputs``) and copy the speaker vector: the caller may reuse its tensor.
     """
 
-    def __init__(self, tail: Token2WavTail, rules: str = "S", progress=None, cache=True):
-        super().__init__(rules, tail.device, progress, cache)
+    def __init__(self, tail: Token2WavTail, rules: str = "S", progress=None, cache=True, off_catalog: str = "eager", max_specializations: int = DEFAULT_MAX_ENTRIES,
+                 max_specialization_bytes: int = DEFAULT_MAX_BYTES):
+        super().__init__(rules, tail.device, progress, cache, off_catalog, max_specializations, max_specialization_bytes)
         self.n_timesteps, self.float16 = tail.n_timesteps, tail.float16
         flow_paths = [p.removeprefix("flow.") for p in STOCK_BUFFERS]
         self._stock_buffer_bytes = sum(module_buffer(tail.flow, p).nbytes for p in flow_paths)
@@ -67,7 +70,10 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
         Setup section: what is traced once for every prompt length, and what this model's
         ``programs`` hold so far."""
         adapter = self.adapter_for(prompt_frames, torch.zeros(1, 192, device=self.device))
-        return build_plan(adapter).explain() + "\n\n" + setup_section(adapter.symbolic_dims(), self.programs)
+        held = {f"prompt of {key[0]} mel frames": exe.variants for key, exe in self._executables.items()
+                if key[0] == prompt_frames and exe.variants is not None}
+        return (build_plan(adapter).explain() + "\n\n" + setup_section(adapter.symbolic_dims(), self.programs) +
+                "\n\n" + off_catalog_section(*self.off_catalog, held))
 
     def _new_session(self, prompt_tokens: torch.Tensor, prompt_mels: torch.Tensor, spk: torch.Tensor):
         """A set-up runtime session and its own copy of ``spk`` (both APIs construct sessions here only)."""

@@ -1,0 +1,226 @@
+"""Specializations for the chunks the catalog does not hold: shorter windows, flushes, and
+the steps after them.
+
+The catalog holds one signature per clock phase, for the step's usual inputs.  Real
+traffic sends others: MiniCPM-o's duplex demo sends a shorter window at every turn's
+end and a flush (``last_chunk=True``) of any length.  Such a chunk is keyed by what a
+program is exact for (``VariantKey``: the state's extents, each input's shape, dtype
+and strides, and the flags set) and, under the ``"specialize"`` policy, gets its own
+program the first time the key is seen: specialized from the model's symbolic step
+where the state is a catalog phase (traced symbolically first where none is held),
+traced at its exact shapes otherwise, then the same passes as a catalog entry.  Its
+next extents are the ones the step returned; where those are off the catalog, the
+next step is keyed by them in turn.
+
+``Variants`` is an executable's bounded cache of them: least recently used first out
+past ``max_entries`` programs or ``max_bytes`` of their own constants (folded host
+constants and graph constants; parameters are the model's and are not counted).  A key
+whose build was refused (e.g. a next state past the arena's capacity) is remembered
+with its reason and runs the exact eager path, counted.  Under the ``"eager"`` policy
+nothing is built: every such chunk runs the eager path, as before.
+
+The build runs on the calling stream's thread, before the chunk: the first chunk of a
+new shape waits for it (seconds; ``stats()["variants"]["build_s"]``), later chunks of
+that shape run the program.  Under rules SR/SRc each session captures a variant's
+graphs on its own arena the first time it runs it.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+import time
+from typing import Any, Callable, Mapping
+
+import torch
+
+from ..errors import CadenceError
+
+#: what an off-catalog chunk does: built and run by its own program, or run eagerly
+POLICIES = ("specialize", "eager")
+DEFAULT_MAX_ENTRIES = 32
+DEFAULT_MAX_BYTES = 256 << 20
+
+
+class VariantRefused(CadenceError):
+    """No program can be built for a key (the reason is kept; its chunks run eagerly)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class VariantKey:
+    """What a specialization is exact for: plain, hashable data.
+
+    ``entry``: the catalog entry whose extents the state has (None: off the catalog);
+    ``extents``: (region, extent) per carried region (None for a fixed-shape one);
+    ``inputs``: (name, shape, dtype, strides) per input; ``flags``: (name, value) per flag set.
+    """
+
+    entry: int | None
+    extents: tuple[tuple[str, int | None], ...]
+    inputs: tuple[tuple[str, tuple[int, ...], str, tuple[int, ...]], ...]
+    flags: tuple[tuple[str, Any], ...]
+
+    @classmethod
+    def of(cls, entry: int | None, extents: Mapping[str, int | None], carried: tuple[str, ...],
+           inputs: Mapping[str, torch.Tensor], names: tuple[str, ...], flags: Mapping[str, Any]) -> "VariantKey":
+        """The key of a live call; ``VariantRefused`` for a flag value that cannot key a program."""
+        set_flags = []
+        for k, v in sorted(flags.items()):
+            if not v:
+                continue
+            if v is not True and not isinstance(v, (int, str)):
+                raise VariantRefused(f"flag {k}={v!r} ({type(v).__name__}) cannot key a program: only "
+                                     f"True, ints and strings are traced as constants")
+            set_flags.append((k, v))
+        return cls(entry, tuple((r, extents.get(r)) for r in carried),
+                   tuple((n, tuple(inputs[n].shape), str(inputs[n].dtype).removeprefix("torch."),
+                          tuple(inputs[n].stride())) for n in names),
+                   tuple(set_flags))
+
+    @property
+    def flag_values(self) -> dict[str, Any]:
+        return dict(self.flags)
+
+    def label(self) -> str:
+        """How ``stats()`` names it: ``"entry 2 | token (1, 11)"``, ``"off-catalog | ... | last_chunk"``."""
+        where = f"entry {self.entry}" if self.entry is not None else "off-catalog " + ",".join(
+            f"{r}={e}" for r, e in self.extents if e is not None)
+        shapes = " ".join(f"{n} {shape}" for n, shape, _, _ in self.inputs)
+        flags = ",".join(k if v is True else f"{k}={v}" for k, v in self.flags)
+        return " | ".join(p for p in (where, shapes, flags) if p)
+
+
+@dataclasses.dataclass
+class _Built:
+    program: Any  # runtime.session.EntryProgram
+    nbytes: int
+    build_s: float
+    how: str
+
+
+class Variants:
+    """One executable's specializations (LRU-bounded; thread-safe).
+
+    ``build(key, inputs) -> (program, nbytes, how)`` is the compiler's: it raises
+    ``VariantRefused`` (or anything else, kept as the reason) where no program can be
+    built.  Only one build runs at a time: a session that needs a key another session is
+    building runs that chunk eagerly rather than wait.
+    """
+
+    def __init__(self, build: Callable[[VariantKey, Mapping[str, torch.Tensor]], tuple],
+                 policy: str = "eager", max_entries: int = DEFAULT_MAX_ENTRIES, max_bytes: int = DEFAULT_MAX_BYTES):
+        check_policy(policy, max_entries, max_bytes)
+        self._build = build
+        self.policy, self.max_entries, self.max_bytes = policy, max_entries, max_bytes
+        self._held: collections.OrderedDict[VariantKey, _Built] = collections.OrderedDict()
+        self._refused: dict[VariantKey, str] = {}
+        self._lock = threading.Lock()  # the tables
+        self._building = threading.Lock()  # one build at a time
+        self.built = 0
+        self.evicted = 0
+
+    def get(self, key: VariantKey, inputs: Mapping[str, torch.Tensor]) -> tuple[Any | None, str | None]:
+        """``(program, None)``, built now if need be, or ``(None, why not)``."""
+        if self.policy == "eager" or self.max_entries == 0:
+            return None, "off-catalog chunks run eagerly (policy 'eager')"
+        with self._lock:
+            hit = self._held.get(key)
+            if hit is not None:
+                self._held.move_to_end(key)
+                return hit.program, None
+            if key in self._refused:
+                return None, self._refused[key]
+        if not self._building.acquire(blocking=False):
+            return None, "another session is building a specialization"
+        try:
+            with self._lock:  # built while this one waited for the lock?
+                if key in self._held:
+                    return self._held[key].program, None
+            t0 = time.perf_counter()
+            try:
+                program, nbytes, how = self._build(key, inputs)
+            except Exception as e:  # the reason is kept; the chunk runs eagerly, exact
+                why = str(e) if isinstance(e, VariantRefused) else f"{type(e).__name__}: {e}"
+                with self._lock:
+                    self._refused[key] = why
+                return None, why
+            built = _Built(program, int(nbytes), round(time.perf_counter() - t0, 3), how)
+            with self._lock:
+                self._held[key] = built
+                self.built += 1
+                self._evict()
+                kept = key in self._held
+                if not kept:  # larger than the whole budget: never held, so never built again
+                    why = f"its program holds {nbytes} bytes of constants, over max_bytes={self.max_bytes}"
+                    self._refused[key] = why
+                    return None, why
+            return program, None
+        finally:
+            self._building.release()
+
+    def configure(self, policy: str, max_entries: int, max_bytes: int) -> None:
+        """Another policy or bounds from now on (held programs past the new bounds go, oldest first)."""
+        check_policy(policy, max_entries, max_bytes)
+        with self._lock:
+            self.policy, self.max_entries, self.max_bytes = policy, max_entries, max_bytes
+            self._evict()
+
+    def holds(self, key: VariantKey) -> bool:
+        with self._lock:
+            return key in self._held
+
+    def _evict(self) -> None:
+        while self._held and (len(self._held) > self.max_entries or self.nbytes > self.max_bytes):
+            self._held.popitem(last=False)
+            self.evicted += 1
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self._held.values())
+
+    def stats(self) -> dict:
+        """Policy, bounds, what is held (label -> how it was built, seconds, bytes), refusals."""
+        with self._lock:
+            return {
+                "policy": self.policy, "max_entries": self.max_entries, "max_bytes": self.max_bytes,
+                "held": {k.label(): {"how": b.how, "build_s": b.build_s, "bytes": b.nbytes}
+                         for k, b in self._held.items()},
+                "bytes": self.nbytes, "built": self.built, "evicted": self.evicted,
+                "refused": {k.label(): why for k, why in self._refused.items()},
+            }
+
+    def describe(self) -> list[str]:
+        """Lines for ``explain``."""
+        s = self.stats()
+        lines = [f"off-catalog chunks: policy {s['policy']!r}, {len(s['held'])}/{s['max_entries']} "
+                 f"specializations held, {s['bytes']}/{s['max_bytes']} bytes of constants, "
+                 f"{s['built']} built, {s['evicted']} evicted (least recently used first)"]
+        lines += [f"  {label}: {v['how']} in {v['build_s']:.2f} s" for label, v in s["held"].items()]
+        lines += [f"  {label}: eager ({why})" for label, why in s["refused"].items()]
+        return lines
+
+
+def off_catalog_section(policy: str = "eager", max_entries: int = DEFAULT_MAX_ENTRIES,
+                        max_bytes: int = DEFAULT_MAX_BYTES, held: "Mapping[str, Variants]" = {}) -> str:
+    """The ``Off-catalog chunks`` section of a plan's printout: the policy, its bounds and,
+    per compiled configuration (``held``: name -> its ``Variants``), what it holds."""
+    does = ("each gets its own program on first use, then runs it" if policy == "specialize" else
+            "each runs the exact eager path, counted")
+    lines = ["Off-catalog chunks (other input shapes, flags such as a flush, the steps after them)",
+             f"  policy: {policy!r} ({does}; optimize(..., off_catalog='specialize' | 'eager'))",
+             f"  bounds per configuration: {max_entries} programs, {max_bytes} bytes of their constants "
+             f"(least recently used out first)"]
+    for name, variants in held.items():
+        lines += [f"  {name}: " + variants.describe()[0]] + [f"  {line}" for line in variants.describe()[1:]]
+    return "\n".join(lines)
+
+
+def check_policy(policy: str, max_entries: int, max_bytes: int) -> None:
+    """``CadenceError`` naming a bad ``off_catalog`` / ``max_specializations`` / ``max_specialization_bytes``."""
+    if policy not in POLICIES:
+        raise CadenceError(f"off_catalog={policy!r}: use one of {list(POLICIES)} ('specialize': an off-catalog "
+                           f"chunk gets its own program on first use; 'eager': it runs the exact eager path)")
+    for name, v in (("max_specializations", max_entries), ("max_specialization_bytes", max_bytes)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise CadenceError(f"{name}={v!r} must be an int >= 0")

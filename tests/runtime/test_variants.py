@@ -1,0 +1,179 @@
+"""Off-catalog chunks (other input shapes, flags, the steps after them) with their own
+programs (``runtime.variants``): exact against stock at every step, counted by label,
+bounded (LRU), refusals remembered and run eagerly, and the policy checked.
+
+The toy (``helpers.toy_models``): 3 frames per step, retain 4, so a prompt of P frames
+has catalog extents P, P + 3 and P + 4 (steady) for ``kv``; a 2-frame chunk at P leaves
+P + 2, off the catalog, and the next step is keyed by that extent.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cadence_fx.compiler import compile_executable
+from cadence_fx.errors import CadenceError
+from cadence_fx.programs import ProgramStore
+from cadence_fx.lockstep import chunk_route
+
+from helpers.toy_models import (CHANNELS, ToyAdapter, SymbolicToyAdapter, assert_stream_exact, make_toy,
+                                toy_prompt)
+
+RETAIN = 4
+
+
+def _x(frames: int, seed: int) -> dict[str, torch.Tensor]:
+    return {"x": torch.randn(1, CHANNELS, frames, generator=torch.Generator().manual_seed(seed))}
+
+
+class Stream:
+    """A stock toy and a session of ``exe`` in lockstep (same generator state per step)."""
+
+    def __init__(self, adapter, exe, prompt_frames: int):
+        self.model, self.p = make_toy(RETAIN), prompt_frames
+        prompt = toy_prompt(prompt_frames)
+        with torch.no_grad():
+            self.stock_state = self.model.setup(prompt)
+        self.session = adapter.open_session(exe, prompt)
+        self.routes: list[str] = []
+
+    def step(self, x, where: str, **flags) -> None:
+        rng = torch.random.get_rng_state()
+        with torch.no_grad():
+            stock_out, self.stock_state = self.model.stream(x, self.stock_state, self.p, **flags)
+        torch.random.set_rng_state(rng)
+        before = self.session.stats()
+        opt_out = self.session.step(x, **flags)
+        self.routes.append(chunk_route(before, self.session.stats()))
+        assert_stream_exact(self.session.state(), self.stock_state, stock_out, opt_out, where)
+
+
+#: (frames, last) per step: a short first chunk (the state is off the catalog after it), steady,
+#: a short chunk at steady, a flush of 3 and a flush of 1
+TRAFFIC = [(2, False), (3, False), (3, False), (3, False), (3, False), (1, False), (3, False), (3, True),
+           (3, False), (1, True)]
+
+
+def _compile(adapter, **kw):
+    return compile_executable(adapter, "S", **kw)
+
+
+@pytest.mark.parametrize("symbolic", [False, True], ids=["concrete", "symbolic"])
+def test_off_catalog_chunks_run_their_own_programs_exactly(symbolic):
+    model = make_toy(RETAIN)
+    store = ProgramStore() if symbolic else None
+    adapter = (SymbolicToyAdapter if symbolic else ToyAdapter)(model, 5)
+    exe = compile_executable(adapter, "S", programs=store, off_catalog="specialize")
+    for rounds in range(2):  # the second stream finds every specialization built
+        s = Stream(adapter, exe, 5)
+        for i, (frames, last) in enumerate(TRAFFIC):
+            s.step(_x(frames, 100 * rounds + i), f"round {rounds} step {i} ({frames} frames, last={last})",
+                   **({"last": True} if last else {}))
+        assert s.session.stats()["fallbacks"] == {}, s.session.stats()["fallbacks"]
+        assert all(r.startswith("graph") for r in s.routes), s.routes
+    spec = s.session.stats()["specializations"]
+    labels = list(spec["held"])
+    # 2 frames at entry 0 -> kv at P + 2 (off the catalog): the next chunk is keyed by that extent
+    assert "entry 0 | x (1, 4, 2)" in labels
+    assert any(label.startswith("off-catalog kv=7") for label in labels), labels
+    assert "entry 2 | x (1, 4, 1)" in labels and "entry 2 | x (1, 4, 3) | last" in labels
+    assert spec["built"] == len(labels) and spec["evicted"] == 0 and spec["refused"] == {}
+    hows = {v["how"] for label, v in spec["held"].items() if label.startswith("entry")}
+    assert hows == ({"traced symbolic, specialized"} if symbolic else {"traced"})
+    # the routes name the specialization they ran
+    assert "graph specialization entry 2 | x (1, 4, 3) | last" in s.routes
+
+
+def test_a_second_prompt_length_specializes_the_off_catalog_chunks_symbolic_steps():
+    model, store = make_toy(RETAIN), ProgramStore()
+    for p, how in ((5, "traced symbolic, specialized"), (8, "specialized")):
+        adapter = SymbolicToyAdapter(model, p)
+        exe = compile_executable(adapter, "S", programs=store, off_catalog="specialize")
+        s = Stream(adapter, exe, p)
+        for i in range(4):
+            s.step(_x(3, i), f"P={p} step {i}")
+        s.step(_x(2, 9), f"P={p} flush", last=True)
+        held = s.session.stats()["specializations"]["held"]
+        assert held["entry 2 | x (1, 4, 2) | last"]["how"] == how
+
+
+def test_the_eager_policy_is_the_default_and_builds_nothing():
+    adapter = ToyAdapter(make_toy(RETAIN), 5)
+    exe = _compile(adapter)
+    s = Stream(adapter, exe, 5)
+    for i, (frames, last) in enumerate(TRAFFIC):
+        s.step(_x(frames, i), f"step {i}", **({"last": True} if last else {}))
+    stats = s.session.stats()
+    assert stats["specializations"]["policy"] == "eager" and stats["specializations"]["built"] == 0
+    assert stats["fallbacks"]["flags last outside the catalog (eager)"] == 2
+    assert stats["fallbacks"]["state extents outside the catalog"] == 1
+    assert sum(stats["fallbacks"].values()) == 5  # the two short chunks too
+
+
+def test_a_chunk_past_the_arena_is_refused_once_and_runs_eagerly():
+    """5 frames at steady grow kv to P + 4 + 5, past the slot's P + 4 + 3: no program can
+    hold it.  The refusal is kept (not built again) and the chunk runs the eager path."""
+    adapter = ToyAdapter(make_toy(RETAIN), 5)
+    exe = _compile(adapter, off_catalog="specialize")
+    s = Stream(adapter, exe, 5)
+    for i in range(3):
+        s.step(_x(3, i), f"step {i}")
+    for i in range(2):
+        s.step(_x(5, 10 + i), f"long chunk {i}")
+        s.step(_x(3, 20 + i), f"after long chunk {i}")
+    stats = s.session.stats()
+    refused = stats["specializations"]["refused"]
+    assert list(refused) == ["entry 2 | x (1, 4, 5)"], refused
+    assert stats["specializations"]["built"] == 0
+    (reason,) = [r for r in stats["fallbacks"] if "not specialized" in r]
+    assert stats["fallbacks"][reason] == 2 and reason.startswith("input 'x' shape (1, 4, 5) != catalog (1, 4, 3)")
+
+
+def test_specializations_are_least_recently_used_out_past_the_bound():
+    adapter = ToyAdapter(make_toy(RETAIN), 5)
+    exe = _compile(adapter, off_catalog="specialize", max_specializations=1)
+    s = Stream(adapter, exe, 5)
+    for i in range(3):
+        s.step(_x(3, i), f"step {i}")
+    for i, frames in enumerate((1, 2, 1)):  # 1 frame, then 2 (evicts 1), then 1 again (rebuilt)
+        s.step(_x(frames, 30 + i), f"short chunk {i} ({frames} frames)")
+    spec = s.session.stats()["specializations"]
+    assert spec["built"] == 3 and spec["evicted"] == 2 and list(spec["held"]) == ["entry 2 | x (1, 4, 1)"]
+    assert s.session.stats()["fallbacks"] == {}
+
+
+def test_a_program_over_the_byte_bound_is_refused_once():
+    """The toy's program folds a host-built table: over a 1-byte bound it is never held,
+    and the refusal is kept (the next chunk of that shape is not built again)."""
+    adapter = ToyAdapter(make_toy(RETAIN), 5)
+    exe = _compile(adapter, off_catalog="specialize", max_specialization_bytes=1)
+    s = Stream(adapter, exe, 5)
+    for i in range(3):
+        s.step(_x(3, i), f"step {i}")
+    for i in range(2):
+        s.step(_x(2, 40 + i), f"short chunk {i}")
+    spec = s.session.stats()["specializations"]
+    assert spec["built"] == 1 and spec["held"] == {}
+    assert "over max_bytes=1" in spec["refused"]["entry 2 | x (1, 4, 2)"]
+    assert sum(n for r, n in s.session.stats()["fallbacks"].items() if "over max_bytes=1" in r) == 2
+
+
+def test_a_flag_value_that_cannot_key_a_program_runs_eagerly_with_the_reason():
+    adapter = ToyAdapter(make_toy(RETAIN), 5)
+    exe = _compile(adapter, off_catalog="specialize")
+    s = Stream(adapter, exe, 5)
+    s.step(_x(3, 0), "plain")
+    s.step(_x(3, 1), "flag as a list", last=[1])
+    (reason,) = s.session.stats()["fallbacks"]
+    assert "flag last=[1] (list) cannot key a program" in reason
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"off_catalog": "fast"}, r"off_catalog='fast': use one of \['specialize', 'eager'\]"),
+    ({"max_specializations": -1}, r"max_specializations=-1 must be an int >= 0"),
+    ({"max_specialization_bytes": 1.5}, r"max_specialization_bytes=1.5 must be an int >= 0"),
+])
+def test_bad_policies_are_clear_errors(kw, message):
+    with pytest.raises(CadenceError, match=message):
+        _compile(ToyAdapter(make_toy(RETAIN), 5), **kw)
