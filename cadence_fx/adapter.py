@@ -57,6 +57,14 @@ class StreamingAdapter:
         """
         raise NotImplementedError
 
+    def symbolic_inputs(self) -> dict[str, dict[int, str]]:
+        """Input axes whose size varies between off-catalog chunks (input -> {axis: dim
+        name}; Token2Wav: ``{"token": {1: "chunk_tokens"}}``): a chunk the catalog does not
+        hold is traced once with those sizes symbolic too, and each length is a
+        specialization (``runtime.variants``).  Default: none (one trace per input shape).
+        ``bind`` receives these dims as well and may ignore them."""
+        return {}
+
     def symbolic_dims(self) -> tuple[str, ...]:
         """Dims (of ``dims()``) that vary between streams of one model and that ``bind``
         accepts symbolically: the compiler traces each catalog entry once for every value

@@ -316,8 +316,9 @@ def traced_extents(gm: fx.GraphModule, plan: Plan) -> dict[str, int | None]:
 def own_bytes(gm: fx.GraphModule, adapter: StreamingAdapter) -> int:
     """Bytes of the tensors a program holds that are not the model's (folded host constants,
     graph constants): what a specialization adds to memory besides its captured graphs."""
-    shared = {t.untyped_storage().data_ptr() for m in adapter.modules().values()
-              for t in (*m.parameters(), *m.buffers())}
+    shared = {t.untyped_storage().data_ptr() for root in adapter.modules().values() for m in root.modules()
+              for t in (*m._parameters.values(), *m._buffers.values(), *vars(m).values())
+              if isinstance(t, torch.Tensor)}  # the model's own (parameters, buffers, tables it keeps)
     seen, total = set(), 0
     for mod in gm.modules():
         tensors = [*mod._buffers.values(), *mod._parameters.values(),

@@ -25,11 +25,17 @@ class Clock:
         hz: frames of this clock per second of audio (Hz); informational, the
             plan only needs ``stride``.
         stride: frames this clock advances per streaming step (>= 1).
+        max_stride: the most frames one step may advance (>= stride; default: stride):
+            a step off the catalog, such as a flush longer than the usual chunk, may
+            advance more, and the arena holds it (``Window`` capacity: prefix + retain +
+            max_stride) so that such a step can run a program of its own
+            (``runtime.variants``) instead of the eager path.
     """
 
     name: str
     hz: float
     stride: int
+    max_stride: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
@@ -43,8 +49,23 @@ class Clock:
             raise DeclarationError(
                 f"Clock {self.name!r}: stride={self.stride!r} must be an int >= 1 "
                 f"(frames this clock advances per streaming step)")
+        if self.max_stride is not None and (isinstance(self.max_stride, bool) or not isinstance(self.max_stride, int)
+                                            or self.max_stride < self.stride):
+            raise DeclarationError(
+                f"Clock {self.name!r}: max_stride={self.max_stride!r} must be an int >= stride ({self.stride}): "
+                f"the most frames one step may advance")
         # One representation for equal rates: Clock("mel", 50, 50) == Clock("mel", 50.0, 50).
         object.__setattr__(self, "hz", float(self.hz))
+        if self.max_stride == self.stride:
+            object.__setattr__(self, "max_stride", None)
+
+    @property
+    def most(self) -> int:
+        """The most frames one step may advance (``max_stride``, else ``stride``)."""
+        return self.stride if self.max_stride is None else self.max_stride
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "hz": self.hz, "stride": self.stride}
+        out = {"name": self.name, "hz": self.hz, "stride": self.stride}
+        if self.max_stride is not None:
+            out["max_stride"] = self.max_stride
+        return out

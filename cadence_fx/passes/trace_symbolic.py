@@ -125,7 +125,7 @@ def trace_symbolic(bind: Callable, signature: StepSignature, dims: Mapping[str, 
     if missing:
         raise TraceError(f"trace_symbolic: no shape for {missing}")
     t0 = time.perf_counter()
-    shape_env = ShapeEnv()
+    shape_env = ShapeEnv(duck_shape=False)  # two dims of one value stay two symbols
     mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True, allow_fallback_kernels=True)
     symbols, syms = {}, {}
     for d, v in dims.items():

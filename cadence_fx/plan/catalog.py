@@ -218,7 +218,7 @@ def resolve_region(region: Region, clock: Clock, dims: Mapping[str, int], model_
             shape.append(v)
     capacity = None
     if region.axis is not None:
-        capacity = retention.capacity(clock.stride, dims)
+        capacity = retention.capacity(clock.most, dims)  # room for the longest step (max_stride)
         shape[region.axis] = capacity
     dtype = model_dtype if region.dtype == MODEL_DTYPE else region.dtype
     return ResolvedRegion(region, clock.stride, tuple(shape), dtype, capacity,

@@ -97,7 +97,8 @@ class Plan:
 
         lines.append("Clocks")
         lines += _table(["clock", "Hz", "frames/step"],
-                        [[c.name, f"{c.hz:g}", str(c.stride)] for c in decl.clocks])
+                        [[c.name, f"{c.hz:g}", str(c.stride) if c.max_stride is None else
+                          f"{c.stride} (at most {c.max_stride})"] for c in decl.clocks])
         lines.append("")
 
         lines.append("Regions (capacity = frames the arena holds along the growth axis)")

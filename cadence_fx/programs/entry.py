@@ -28,6 +28,9 @@ from .store import ProgramStore, symbolic_key
 
 #: symbolic steps per entry key (branch classes of the dims); beyond: concrete traces
 MAX_VARIANTS = 4
+#: the same for an off-catalog chunk whose input length is symbolic too (more branch classes:
+#: Token2Wav's flush on the CPU has one at 3-16 tokens and one at 17-18)
+MAX_CHUNK_VARIANTS = 8
 
 
 def run_once(adapter, entry: CatalogEntry, by_region: dict, device: torch.device,
@@ -45,7 +48,9 @@ def run_once(adapter, entry: CatalogEntry, by_region: dict, device: torch.device
 def _trace(adapter, plan_at: Callable, plan: Plan, entry: CatalogEntry, by_region: dict, symbolic: tuple,
            dims: dict, inputs: dict, device: torch.device, say, flags: dict, prepare) -> SymbolicStep:
     sig = adapter.signature
-    state_shapes, slot_shapes = symbolic_shapes(plan_at, dims, symbolic, entry.index, tuple(sig.regions),
+    planned = tuple(d for d in symbolic if d in adapter.symbolic_dims())  # the plan's dims (not an input's)
+    plan_dims = {d: v for d, v in dims.items() if d in adapter.dims()}
+    state_shapes, slot_shapes = symbolic_shapes(plan_at, plan_dims, planned, entry.index, tuple(sig.regions),
                                                 tuple(by_region))
     what = f" with {_describe(inputs, flags)}" if flags or inputs != _example_specs(adapter) else ""
     say(f"tracing catalog entry {entry.index + 1}/{len(plan.catalog)} (steps {entry.steps}){what} once for "
@@ -55,7 +60,7 @@ def _trace(adapter, plan_at: Callable, plan: Plan, entry: CatalogEntry, by_regio
     watch = tuple(adapter.modules().values())
 
     def bind(buffers, dims=None):
-        step = adapter.bind(buffers, dims)
+        step = adapter.bind(buffers, None if dims is None else {d: v for d, v in dims.items() if d in plan_dims})
         return (lambda i, s: step(i, s, **flags)) if flags else step
 
     def trace() -> SymbolicStep:
@@ -76,7 +81,8 @@ def _example_specs(adapter) -> dict:
 
 
 def _describe(inputs: dict, flags: dict) -> str:
-    shapes = ", ".join(f"{n} {tuple(s)}" for n, (s, _) in inputs.items())
+    shapes = ", ".join(f"{n} ({', '.join(str(x[0] if isinstance(x, tuple) else x) for x in s)})"
+                       for n, (s, _) in inputs.items())
     return shapes + "".join(f", {k}={v}" for k, v in flags.items())
 
 
@@ -89,7 +95,8 @@ def specialized_entry(adapter, plan_at: Callable[[dict], Plan], plan: Plan, entr
     ``specialize_s``, ``program`` (memory, disk, not cached, rejected: ...) and ``variant``.
 
     ``example_inputs``/``flags``: an off-catalog chunk at this entry's state (another
-    input shape, a flush): its own symbolic steps, keyed by those shapes and flags."""
+    input shape, a flush): its own symbolic steps, keyed by those shapes (the axes
+    ``adapter.symbolic_inputs()`` names symbolic, so one trace serves every length) and flags."""
     sig = adapter.signature
     device = torch.device(adapter.device)
     symbolic = tuple(adapter.symbolic_dims())
@@ -98,6 +105,15 @@ def specialized_entry(adapter, plan_at: Callable[[dict], Plan], plan: Plan, entr
     example = adapter.example_inputs() if example_inputs is None else dict(example_inputs)
     flags = dict(flags or {})
     inputs = {n: (tuple(t.shape), t.dtype) for n, t in example.items()}
+    if example_inputs is not None:  # an off-catalog chunk: its varying input sizes are symbolic too
+        for n, axes in adapter.symbolic_inputs().items():
+            shape = list(inputs[n][0])
+            for axis, d in axes.items():
+                if shape[axis] >= 2:  # sizes 0 and 1 are specialized by the tracer: keyed as they are
+                    dims[d] = shape[axis]
+                    shape[axis] = (d, 1, 0)
+                    symbolic += (d,)
+            inputs[n] = (tuple(shape), inputs[n][1])
     base = symbolic_key(entry.index, entry.steps, inputs, fixed, str(adapter.dtype), str(device),
                         ",".join(sorted(by_region)), flags)
     why = programs.refused(base)
@@ -110,7 +126,7 @@ def specialized_entry(adapter, plan_at: Callable[[dict], Plan], plan: Plan, entr
     at = {d: dims[d] for d in symbolic}
     prepare = lambda: run_once(adapter, entry, by_region, device, example, flags)  # noqa: E731 - a table moved on first use
     refusals = []
-    for variant in range(MAX_VARIANTS):
+    for variant in range(MAX_CHUNK_VARIANTS if len(symbolic) > len(adapter.symbolic_dims()) else MAX_VARIANTS):
         key = base + (("variant", variant),)
         # memory, disk, "not cached", "rejected: ..."
         sym, setup["program"] = programs.lookup(key, adapter, prepare)

@@ -273,6 +273,9 @@ class SymbolicToyAdapter(ToyAdapter):
     def symbolic_dims(self) -> tuple[str, ...]:
         return ("prompt_frames",)
 
+    def symbolic_inputs(self) -> dict[str, dict[int, str]]:
+        return {"x": {2: "chunk_frames"}}
+
     def bind(self, buffers: Mapping[str, torch.Tensor], dims: Mapping[str, Any] | None = None):
         twin = rebind_buffers(self.model, buffers)
         prompt_frames = dims["prompt_frames"] if dims else self.prompt_frames

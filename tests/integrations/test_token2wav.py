@@ -57,9 +57,10 @@ def test_explain_default_plan_is_demand_sized():
     assert widths["estimator_att_cache"] == widths["conformer_att_cache"] == 3
     assert len(doc["catalog"]) == 3
     assert doc["arena_bytes"] <= 0.10 * doc["stock_state_bytes"]
-    # estimator K|V: 5 steps x 16 blocks x 2 (CFG) x 8 heads x (100 + 150) frames x 128 x 4 bytes
+    # estimator K|V: 5 steps x 16 blocks x 2 (CFG) x 8 heads x (100 + 100 + 56) frames x 128 x 4
+    # bytes: prompt, retained, and the longest step (a flush of 28 tokens: the mel clock's max_stride)
     est = next(r for r in doc["regions"] if r["name"] == "estimator_att_cache")
-    assert est["bytes"] == 5 * 16 * 2 * 8 * 250 * 128 * 4
+    assert est["bytes"] == 5 * 16 * 2 * 8 * 256 * 128 * 4
     json.dumps(doc)
 
 

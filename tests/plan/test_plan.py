@@ -11,7 +11,7 @@ import torch
 from expecttest import TestCase
 
 from cadence_fx.annotations import ChunkPad, Clock, Declaration, Fixed, Region, Ring, Unbounded, Window
-from cadence_fx.errors import PlanError
+from cadence_fx.errors import DeclarationError, PlanError
 from cadence_fx.plan import (
     ARENA_ALGORITHMS, ArenaLayout, RegionSlot, ScopeVerdict, TensorSpec, build_catalog, catalog_width,
     entry_for_step, make_plan, plan_arena, region_verdicts, verify_layout,
@@ -43,6 +43,23 @@ def dims(prompt_frames=100, n_timesteps=5):
 
 
 # --- catalog -----------------------------------------------------------------
+
+def test_max_stride_sizes_the_arena_for_the_longest_step_and_leaves_the_catalog():
+    """A clock whose steps may advance more than ``stride`` (a longer flush): the arena
+    slot holds prefix + retain + max_stride; the catalog's extents are those of stride."""
+    longer = Declaration(clocks=[TOKEN, Clock("mel", 50, 50, max_stride=56)],
+                         regions=token2wav_like().regions, step="stream", unit="chunk of 25 tokens")
+    plain = build_catalog(token2wav_like(), dims(37), TOKENS_IN, "float32", "cpu")
+    cat = build_catalog(longer, dims(37), TOKENS_IN, "float32", "cpu")
+    assert [e.regions["att"].shape for e in cat] == [e.regions["att"].shape for e in plain]
+    assert cat[0].regions["att"].stride == torch.empty((5, 16, 2, 8, 37 + 156, 128), device="meta").stride()
+    assert make_plan(longer, dims(37), TOKENS_IN).layout.slot("hift_mel").shape == (1, 80, 8 + 56)
+    assert Clock("mel", 50, 50, max_stride=50) == Clock("mel", 50, 50)  # one representation
+    assert longer.to_json()["clocks"][1] == {"name": "mel", "hz": 50.0, "stride": 50, "max_stride": 56}
+    for bad in (49, 50.5, True):
+        with pytest.raises(DeclarationError, match=r"max_stride=.* must be an int >= stride \(50\)"):
+            Clock("mel", 50, 50, max_stride=bad)
+
 
 def test_catalog_width_delegates_to_retention():
     d = token2wav_like()

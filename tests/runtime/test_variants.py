@@ -177,3 +177,28 @@ def test_a_flag_value_that_cannot_key_a_program_runs_eagerly_with_the_reason():
 def test_bad_policies_are_clear_errors(kw, message):
     with pytest.raises(CadenceError, match=message):
         _compile(ToyAdapter(make_toy(RETAIN), 5), **kw)
+
+
+def test_chunk_lengths_are_symbolic_and_a_guard_sends_another_branch_to_its_own_trace():
+    """``symbolic_inputs()`` (the toy: ``x``'s frames): a 2-frame flush is traced once with
+    the prompt length and the chunk length symbolic, and specialized for another prompt
+    length.  A 3-frame flush fills the arena slot exactly (a branch of the model's code:
+    the trace's guard ``chunk_frames != 3``), so it is traced as its own variant; a 1-frame
+    flush is keyed on its own (the tracer specializes sizes 0 and 1)."""
+    model, store = make_toy(RETAIN), ProgramStore()
+    for p, hows in ((5, ("traced symbolic, specialized",) * 3), (8, ("specialized",) * 3)):
+        adapter = SymbolicToyAdapter(model, p)
+        exe = compile_executable(adapter, "S", programs=store, off_catalog="specialize")
+        s = Stream(adapter, exe, p)
+        for i in range(3):
+            s.step(_x(3, i), f"P={p} step {i}")
+        for i, frames in enumerate((2, 3, 1)):
+            s.step(_x(frames, 50 + i), f"P={p} flush of {frames}", last=True)
+            s.step(_x(3, 60 + i), f"P={p} after flush {i}")
+        held = s.session.stats()["specializations"]["held"]
+        assert tuple(held[f"entry 2 | x (1, 4, {n}) | last"]["how"] for n in (2, 3, 1)) == hows
+        assert s.session.stats()["fallbacks"] == {}
+    flush_keys = sorted((k[2][0][1] + k[-1] for k, _ in store.items() if k[-2][0] == "flags"), key=repr)
+    # lengths >= 2: one key, variants 0 (traced at 2) and 1 (at 3); length 1: its own key
+    assert flush_keys == [(1, 4, ("chunk_frames", 1, 0), "variant", 0),
+                          (1, 4, ("chunk_frames", 1, 0), "variant", 1), (1, 4, 1, "variant", 0)], flush_keys

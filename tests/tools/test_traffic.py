@@ -44,11 +44,12 @@ def test_the_plan_is_seeded_and_shaped_like_the_demo():
 
 def test_traffic_is_exact_and_every_chunk_runs_the_program(small, capsys, tmp_path):
     """Windows and flushes get their own programs (``--off-catalog specialize``, the
-    default): traced symbolically for the first voice, specialized for the second, reused
-    in the second turn; every chunk of both conversations runs the traced program."""
+    default): one symbolic trace for every window length and one for every flush length
+    (the chunk length is symbolic), specialized per voice and length, reused in later
+    turns; every chunk of both conversations runs the traced program."""
     code = cli.main(["traffic", "--model", SMALL, "--n-timesteps", "2", "--conversations", "2", "--turns", "2",
-                     "--prompt-range", "5,6", "--steady-range", "2,3", "--window-range", "8,8", "--flush-range",
-                     "3,3", "--json", "--quiet", "--out", str(tmp_path)])
+                     "--prompt-range", "5,6", "--steady-range", "2,3", "--window-range", "8,10", "--flush-range",
+                     "3,5", "--json", "--quiet", "--out", str(tmp_path)])
     out = capsys.readouterr()
     report = json.loads(out.out.strip().splitlines()[-1])
     assert code == 0 and report["exact"] is True, report
@@ -63,6 +64,10 @@ def test_traffic_is_exact_and_every_chunk_runs_the_program(small, capsys, tmp_pa
     assert report["program_share"] == 1.0 and report["fallbacks"] == {}
     assert report["replayed_share"] == 0.0  # rule S on the CPU replays nothing
     assert report["off_catalog"] == "specialize"
-    # a window and a flush per voice (one symbolic trace each, then a specialization for the second voice)
-    assert report["specializations"]["built"] == 4 and report["specializations"]["refused"] == {}
+    # one program per voice and end-of-turn shape; its symbolic steps: one per flag, any length
+    shapes = {(r["conversation"], r["tokens"], r["last"]) for r in ends}
+    assert report["specializations"]["built"] == len(shapes) and report["specializations"]["refused"] == {}
+    chunk_keys = {k[:-1] for k, _ in small.opt.programs.items()
+                  if any(not isinstance(size, int) for _, shape, _ in k[2] for size in shape)}
+    assert len(chunk_keys) == 2, chunk_keys  # the window's and the flush's
     assert (tmp_path / "traffic.md").read_text().startswith("# traffic: 2 conversations")

@@ -70,6 +70,10 @@ class Token2WavAdapter(StreamingAdapter):
         """A voice prompt's length varies between streams: one trace serves every length."""
         return ("prompt_frames",)
 
+    def symbolic_inputs(self) -> dict[str, dict[int, str]]:
+        """A window or flush of any length: one trace per catalog entry and flag serves them all."""
+        return {"token": {1: "chunk_tokens"}}
+
     def bind(self, buffers: Mapping[str, torch.Tensor], dims: Mapping[str, int] | None = None):
         flow = rebind_buffers(self.flow, _flow_buffers(buffers))
         _mark_estimator_calls(flow)

@@ -31,6 +31,8 @@ UPSTREAM_VERSION = "0.1.1"  # the version these declarations and tests were chec
 SILENCE_TOKEN = 4218
 LOOKAHEAD_TOKENS = 3
 CHUNK_TOKENS = 25
+#: the most new tokens one step advances: a flush of up to 28 tokens (MiniCPM-o's turn end)
+MAX_CHUNK_TOKENS = 28
 MEL_PER_TOKEN = 2
 SAMPLES_PER_MEL = 480
 MEL_CACHE_LEN = 8  # upstream hard-codes 8 mel frames (160 ms) of vocoder carry
@@ -192,9 +194,12 @@ def setup_step(flow, cfg: StepConfig, prompt_tokens: torch.Tensor, prompt_mels: 
 
 
 TOKEN2WAV_DECLARATION = dict(
-    clocks=[Clock("token", hz=25, stride=CHUNK_TOKENS),
-            Clock("mel", hz=50, stride=CHUNK_TOKENS * MEL_PER_TOKEN),
-            Clock("sample", hz=24000, stride=CHUNK_TOKENS * MEL_PER_TOKEN * SAMPLES_PER_MEL)],
+    # max_stride: a flush of up to 28 tokens (56 mel frames) and a turn's last window of up to
+    # 27 + 3 (54) advance past the 25-token chunk; the arena holds them, so they run programs too
+    clocks=[Clock("token", hz=25, stride=CHUNK_TOKENS, max_stride=MAX_CHUNK_TOKENS),
+            Clock("mel", hz=50, stride=CHUNK_TOKENS * MEL_PER_TOKEN, max_stride=MAX_CHUNK_TOKENS * MEL_PER_TOKEN),
+            Clock("sample", hz=24000, stride=CHUNK_TOKENS * MEL_PER_TOKEN * SAMPLES_PER_MEL,
+                  max_stride=MAX_CHUNK_TOKENS * MEL_PER_TOKEN * SAMPLES_PER_MEL)],
     regions=[
         # float32 even when the flow runs in fp16: upstream cats an fp16 conv carry with
         # an fp32 one (interpolate is not autocast), which promotes.
