@@ -266,6 +266,22 @@ def test_without_the_shadow_check_verify_shows_what_differs():
     assert all(r["route"].startswith("graph entry") for r in good["per_chunk"])
 
 
+def test_other_chunk_lengths_run_their_own_programs_with_off_catalog_specialize():
+    """The generic path takes ``off_catalog``: chunks of 2 and 3 frames (the catalog's are 4)
+    get programs of their own, at the catalog's states and at the states off it they lead to,
+    every step exact against the stock step; the default runs them eagerly."""
+    frames = [4, 2, 4, 4, 3, 4, 4, 4, 4, 4, 2, 4, 3, 4]
+    inputs = [chunks(1, seed=10 + i, frames=f)[0] for i, f in enumerate(frames)]
+    report = cadence_fx.verify(model(), inputs, seed=5, off_catalog="specialize")
+    assert report["exact"] is True, report["mismatches"]
+    routes = [r["route"] for r in report["per_chunk"]]
+    assert all(r.startswith("graph") for r in routes), routes
+    assert any(r.startswith("graph specialization off-catalog") for r in routes), routes
+    eager = cadence_fx.verify(model(), inputs, seed=5)
+    assert eager["exact"] is True and eager["pcm_sha256_optimized"] == report["pcm_sha256_optimized"]
+    assert sum(r["route"].startswith("fallback") for r in eager["per_chunk"]) >= 4
+
+
 def test_resolve_dims_reads_a_window_prefix_and_off_axis_sizes():
     decl = cadence_fx.get_declaration(native_clock(
         clocks=[Clock("f", 50, 2)],
