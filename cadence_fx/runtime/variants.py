@@ -83,10 +83,11 @@ class VariantKey:
         return dict(self.flags)
 
     def label(self) -> str:
-        """How ``stats()`` names it: ``"entry 2 | token (1, 11)"``, ``"off-catalog | ... | last_chunk"``."""
+        """How ``stats()`` names it: ``"entry 2 | token (1, 11), spk (1, 192)"``, ``"off-catalog
+        estimator_att_cache=98,... | token (1, 28), spk (1, 192)"``, ``"... | last_chunk"``."""
         where = f"entry {self.entry}" if self.entry is not None else "off-catalog " + ",".join(
             f"{r}={e}" for r, e in self.extents if e is not None)
-        shapes = " ".join(f"{n} {shape}" for n, shape, _, _ in self.inputs)
+        shapes = ", ".join(f"{n} {shape}" for n, shape, _, _ in self.inputs)
         flags = ",".join(k if v is True else f"{k}={v}" for k, v in self.flags)
         return " | ".join(p for p in (where, shapes, flags) if p)
 

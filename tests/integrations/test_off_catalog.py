@@ -47,7 +47,7 @@ def test_windows_flushes_and_the_steps_after_them_replay_exactly(dtype):
         spec = opt.stats()["specializations"]
         assert spec["refused"] == {} and spec["policy"] == "specialize"
         built.append(spec["built"])
-    assert "replay specialization entry 2 | token (1, 11) | spk (1, 192)" in routes
+    assert "replay specialization entry 2 | token (1, 11), spk (1, 192)" in routes
     assert built[1] == built[0] >= 4  # the window and the flush were built once, in turn 1
     labels = list(opt.stats()["specializations"]["held"])
     assert any(label.startswith("off-catalog") for label in labels), labels
