@@ -284,8 +284,10 @@ def test_load_state_clears_the_broken_mark_and_a_failed_step_is_not_counted(toys
     with pytest.raises(RuntimeError), FaultAt(10, error):
         a.session.step(x)
     assert_broken_by(a.session, error, "graph fault")
-    counts = {k: v for k, v in a.session.stats().items() if k != "setup_s"}  # setup_s: test_setup_times.py
+    # setup_s: test_setup_times.py; specializations: the executable's (tests/runtime/test_variants.py)
+    counts = {k: v for k, v in a.session.stats().items() if k not in ("setup_s", "specializations")}
     assert counts == {"steps": 0, "graph_runs": {}, "replays": {}, "fallbacks": {}, "fallback_total": 0}
+    assert a.session.stats()["specializations"]["captured_here_s"] == {}
     a.session.load_state(a.snaps[0][0].state)
     assert a.session.broken is None
     expected = a.expect(x, False, 7)
