@@ -141,8 +141,7 @@ def record_region_accesses(gm: fx.GraphModule, regions: Mapping[str, torch.Tenso
         for position, n in enumerate(gm.graph.nodes):
             if n.op != "call_function":
                 continue
-            region_args = [a for a in n.all_input_nodes if known(a)]
-            if not region_args:
+            if not any(known(a) for a in n.all_input_nodes):
                 continue
             if is_view(n):
                 if known(n.args[0] if n.args else None):  # else a view of other memory

@@ -214,6 +214,7 @@ class CallMemo:
     # -------------------------------------------------------------------- calls
     def _key(self, fn, module, args, kwargs):
         rows, tensors = _module_view(module, self._skip)
+        own = list(tensors)  # the module tree's tensors (the inputs' follow): _record compares after the call
         leaves, spec = pytree.tree_flatten((args, kwargs))
         inputs = []
         for leaf in leaves:
@@ -226,11 +227,11 @@ class CallMemo:
         same = tuple(first.setdefault(id(t), i) for i, t in enumerate(tensors))
         key = (_Id(fn), rows, spec, tuple(inputs), tuple(_tensor_key(t) for t in tensors), same,
                _dispatcher_state())
-        return key, tensors
+        return key, tensors, (rows, own)
 
     def _call(self, tracer, fn, module, args, kwargs):
         try:
-            key, tensors = self._key(fn, module, args, kwargs)
+            key, tensors, view = self._key(fn, module, args, kwargs)
             hash(key)
         except (_Unkeyable, TypeError):
             self.stats["traced"] += 1
@@ -242,14 +243,15 @@ class CallMemo:
         if template is not None:  # refused
             self.stats["traced"] += 1
             return fn(module, *args, **kwargs)
-        return self._record(tracer, key, fn, module, args, kwargs, tensors)
+        return self._record(tracer, key, fn, module, args, kwargs, tensors, view)
 
-    def _record(self, tracer, key, fn, module, args, kwargs, tensors):
+    def _record(self, tracer, key, fn, module, args, kwargs, tensors, view):
+        """``view``: the module tree's ``(rows, tensors)`` that ``_key`` read just before."""
         from torch.fx.experimental.proxy_tensor import get_proxy_slot
         graph = tracer.graph
         start = graph._root.prev
         state = _dispatcher_state()
-        rows_before, tensors_before = _module_view(module, self._skip)
+        rows_before, tensors_before = view
         tracked = {}
         for i, t in enumerate(tensors):
             slot = get_proxy_slot(t, tracer, None)
@@ -262,7 +264,7 @@ class CallMemo:
         while n is not graph._root:
             nodes.append(n)
             n = n.next
-        reason = self._refusal(tracer, module, out, nodes, state, rows_before, tensors_before)
+        reason = self._refusal(module, nodes, state, rows_before, tensors_before)
         template = None
         if reason is None:
             template, reason = self._template(tracer, nodes, tensors, tracked, out)
@@ -273,7 +275,7 @@ class CallMemo:
             self.templates[key] = template
         return out
 
-    def _refusal(self, tracer, module, out, nodes, state, rows_before, tensors_before) -> str | None:
+    def _refusal(self, module, nodes, state, rows_before, tensors_before) -> str | None:
         if _dispatcher_state() != state:
             return "changes the dispatcher state"
         try:

@@ -517,10 +517,13 @@ class Session:
                 raise InputError(f"input {name!r} has {t.dim()} dims {tuple(t.shape)}; "
                                  f"the model takes {len(specs[name].shape)} ({tuple(specs[name].shape)})")
 
-    def _extents_of(self, state: Mapping[str, torch.Tensor]) -> dict[str, int | None]:
-        """Each carried region's extent along its growth axis (None for fixed-shape regions)."""
+    def extents_of(self, state: Mapping[str, torch.Tensor]) -> dict[str, int | None]:
+        """Each carried region's extent along its growth axis in ``state`` (None for fixed-shape
+        regions): the clock position a ``SessionSnapshot`` of that state records."""
         axes = {r: self.layout.slot(r).axis for r in self.executable.carried}
         return {r: None if axis is None else state[r].shape[axis] for r, axis in axes.items()}
+
+    _extents_of = extents_of
 
 
 class StockStateSession(Session):

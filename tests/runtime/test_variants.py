@@ -9,6 +9,8 @@ P + 2, off the catalog, and the next step is keyed by that extent.
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -16,6 +18,7 @@ from cadence_fx.compiler import compile_executable
 from cadence_fx.errors import CadenceError
 from cadence_fx.programs import ProgramStore
 from cadence_fx.lockstep import chunk_route
+from cadence_fx.runtime.variants import DEFAULT_MAX_BYTES, VariantKey, Variants
 
 from helpers.toy_models import (CHANNELS, ToyAdapter, SymbolicToyAdapter, assert_stream_exact, make_toy,
                                 toy_prompt)
@@ -202,3 +205,75 @@ def test_chunk_lengths_are_symbolic_and_a_guard_sends_another_branch_to_its_own_
     # lengths >= 2: one key, variants 0 (traced at 2) and 1 (at 3); length 1: its own key
     assert flush_keys == [(1, 4, ("chunk_frames", 1, 0), "variant", 0),
                           (1, 4, ("chunk_frames", 1, 0), "variant", 1), (1, 4, 1, "variant", 0)], flush_keys
+
+
+# ----------------------------------------------------------- Variants on its own
+def _key(n: int) -> VariantKey:
+    return VariantKey(2, (("kv", 9),), (("x", (1, 4, n), "float32", (4 * n, n, 1)),), ())
+
+
+def test_one_build_at_a_time_and_a_second_session_runs_eagerly_meanwhile():
+    """While one session builds a key, another that needs it runs that chunk eagerly
+    (it never waits); once built, both get the program."""
+    started, release = threading.Event(), threading.Event()
+
+    def build(key, inputs):
+        started.set()
+        release.wait(10)
+        return f"program {key.label()}", 10, "traced"
+
+    v = Variants(build, "specialize")
+    first = {}
+    t = threading.Thread(target=lambda: first.setdefault("got", v.get(_key(2), {})))
+    t.start()
+    assert started.wait(10)
+    assert v.get(_key(2), {}) == (None, "another session is building a specialization")
+    release.set()
+    t.join(10)
+    assert first["got"] == ("program entry 2 | x (1, 4, 2)", None)
+    assert v.get(_key(2), {}) == ("program entry 2 | x (1, 4, 2)", None)
+    assert v.stats()["built"] == 1
+
+
+def test_a_failed_build_is_kept_as_the_reason_and_configure_bounds_evict():
+    calls = []
+
+    def build(key, inputs):
+        calls.append(key)
+        if key == _key(1):
+            raise RuntimeError("no kernel for this shape")
+        return "p", 100, "specialized"
+
+    v = Variants(build, "specialize", max_entries=3)
+    assert v.get(_key(1), {}) == (None, "RuntimeError: no kernel for this shape")
+    assert v.get(_key(1), {}) == (None, "RuntimeError: no kernel for this shape") and len(calls) == 1
+    for n in (2, 3, 4):
+        assert v.get(_key(n), {})[0] == "p"
+    assert list(v.stats()["held"]) == [_key(n).label() for n in (2, 3, 4)]
+    v.get(_key(2), {})  # most recently used now
+    v.configure("specialize", 3, 250)  # two programs fit in 250 bytes: the least recently used goes
+    assert list(v.stats()["held"]) == [_key(4).label(), _key(2).label()] and v.evicted == 1
+    v.configure("eager", 3, 250)
+    assert v.get(_key(2), {}) == (None, "off-catalog chunks run eagerly (policy 'eager')")  # held, not used
+    assert "policy 'eager'" in v.describe()[0] and "2/3 specializations held" in v.describe()[0]
+
+
+def test_set_off_catalog_switches_a_compiled_model(tmp_path):
+    """``DropIn.set_off_catalog``: a model compiled under the default 'eager' policy
+    specializes from then on, and back; every step exact (``cadence_fx.verify``)."""
+    import cadence_fx
+    from helpers.generic_models import CausalDecoder
+    torch.manual_seed(0)
+    model = CausalDecoder().eval()
+    opt = cadence_fx.optimize(model, check_chunks=0, cache=False)
+    g = torch.Generator().manual_seed(3)
+    inputs = [torch.randn(1, 16, f, generator=g) for f in (4, 4, 4, 2, 4, 2)]
+    eager = cadence_fx.verify(model, inputs, optimized=opt)
+    assert eager["exact"] and sum(r["route"].startswith("fallback") for r in eager["per_chunk"]) >= 2
+    opt.set_off_catalog("specialize", max_specializations=4)
+    special = cadence_fx.verify(model, inputs, optimized=opt)
+    assert special["exact"] and all(r["route"].startswith("graph") for r in special["per_chunk"])
+    assert opt.off_catalog == ("specialize", 4, DEFAULT_MAX_BYTES)
+    with pytest.raises(CadenceError, match="off_catalog='later'"):
+        opt.set_off_catalog("later")
+    assert opt.off_catalog[0] == "specialize"  # a bad call changes nothing

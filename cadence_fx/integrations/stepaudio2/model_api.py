@@ -137,12 +137,11 @@ class OptimizedUpstreamToken2wav:
         """Put assigned caches back into the session (in place) before the next chunk."""
         if not self._pending:
             return
-        state = {r: t.clone() for r, t in self.session.state().items()}
+        state = dict(self.session.state())  # live views: restore leaves a region already in place as it is
         for part in self._pending.values():
             state.update(part)
         runtime = self.session.session
-        axes = {r: runtime.layout.slot(r).axis for r in runtime.executable.carried}
-        extents = {r: None if a is None else state[r].shape[a] for r, a in axes.items()}
+        extents = runtime.extents_of(state)
         try:
             self.session.restore(SessionSnapshot(runtime.executable.plan, runtime.executable.stable_state,
                                                  {r: state[r] for r in runtime.executable.carried}, extents))
