@@ -4,6 +4,17 @@ import os
 # call of the process (GPU tests only; harmless on CPU).
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
+# Under pytest-xdist (README's test command: two workers on the 2-core CI machine) each
+# worker runs one torch thread, so the workers do not contend for the cores; set before
+# torch is imported, and inherited by the CLI subprocesses the tests start.  Every test
+# compares stock and optimized in one process, at one thread count.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ["MKL_NUM_THREADS"] = "1"
+    import sys
+    if "torch" in sys.modules:  # imported already (by a plugin): set it directly too
+        sys.modules["torch"].set_num_threads(1)
+
 import tempfile
 import types
 
