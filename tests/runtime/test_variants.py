@@ -277,3 +277,38 @@ def test_set_off_catalog_switches_a_compiled_model(tmp_path):
     with pytest.raises(CadenceError, match="off_catalog='later'"):
         opt.set_off_catalog("later")
     assert opt.off_catalog[0] == "specialize"  # a bad call changes nothing
+
+
+def test_a_mid_stream_capture_leaves_the_state_and_the_generators_as_they_were(monkeypatch):
+    """Rules SRc on the CPU (``capture_entry`` faked, as tests/serving/test_multi_session.py
+    fakes it: it scribbles on the arena and draws from the generator): each session
+    captures an off-catalog program the first time it runs it, mid-stream; its live state
+    is written back and the generators are forked, so every step stays exact."""
+    from cadence_fx import compiler
+    from cadence_fx.runtime import graphs
+
+    monkeypatch.setattr(compiler, "check_rules", lambda rules, device: rules)  # lower for replay on the CPU
+    adapter = ToyAdapter(make_toy(RETAIN), 5)
+    exe = compiler.compile_executable(adapter, "SRc", off_catalog="specialize")
+    calls = []
+
+    def capture_entry(parent, args, pool, arena_ptr, stream):
+        calls.append(args[0].shape[2])
+        for a in args:
+            if isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == arena_ptr:
+                a.fill_(3.0)  # the warm-up run writes into the arena
+        torch.rand(5)  # and draws
+        return {}
+
+    monkeypatch.setattr(graphs, "capture_entry", capture_entry)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
+    for session_no in range(2):
+        before = len(calls)
+        s = Stream(adapter, exe, 5)
+        for i, (frames, last) in enumerate(TRAFFIC):
+            s.step(_x(frames, 200 + i), f"session {session_no} step {i}", **({"last": True} if last else {}))
+        # the 3 catalog entries at opening, then each off-catalog key once, in stream order
+        assert calls[before:] == [3] * 3 + [2, 3, 1, 3, 1], calls[before:]
+        assert set(s.session.stats()["specializations"]["captured_here_s"]) == {
+            "entry 0 | x (1, 4, 2)", "off-catalog kv=7 | x (1, 4, 3)", "entry 2 | x (1, 4, 1)",
+            "entry 2 | x (1, 4, 3) | last", "entry 2 | x (1, 4, 1) | last"}
