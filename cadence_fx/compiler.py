@@ -46,8 +46,8 @@ from .programs.entry import specialized_entry
 from .runtime.arena import Arena
 from .runtime.graphs import CapturedRegion
 from .runtime.session import EntryProgram, Executable, Session, StockStateSession
-from .runtime.variants import (DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, VariantKey, VariantRefused, Variants,
-                               check_policy)
+from .runtime.variants import (DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, DEFAULT_POLICY, VariantKey, VariantRefused,
+                               Variants, check_policy)
 from .step import Rules
 
 RULES = Rules.NAMES
@@ -131,9 +131,14 @@ def buffer_bindings(declaration: Declaration, arena: Arena) -> dict[str, torch.T
     return {path: arena.full(r.name) for r in declaration.regions for path in r.buffers if r.name in arena.regions}
 
 
+def region_buffers(declaration: Declaration, arena: Arena) -> dict[str, torch.Tensor]:
+    """Region -> its arena slot, for each region bound to module buffers (what a trace tags)."""
+    return {r.name: arena.full(r.name) for r in declaration.regions if r.buffers and r.name in arena.regions}
+
+
 def compile_executable(adapter: StreamingAdapter, rules: "str | Rules" = "S",
                        progress: Callable[[str], None] | None = None,
-                       programs: ProgramStore | None = None, off_catalog: str = "eager",
+                       programs: ProgramStore | None = None, off_catalog: str = DEFAULT_POLICY,
                        max_specializations: int = DEFAULT_MAX_ENTRIES,
                        max_specialization_bytes: int = DEFAULT_MAX_BYTES) -> Executable:
     """Trace, rewrite and lower every catalog entry of ``adapter``'s plan.
@@ -161,7 +166,7 @@ def compile_executable(adapter: StreamingAdapter, rules: "str | Rules" = "S",
 def _compile(adapter: StreamingAdapter, rules: "str | Rules",
              progress: Callable[[str], None] | None = None,
              programs: ProgramStore | None = None,
-             off_catalog: tuple = ("eager", DEFAULT_MAX_ENTRIES, DEFAULT_MAX_BYTES)) -> Executable:
+             off_catalog: tuple = (DEFAULT_POLICY, DEFAULT_MAX_ENTRIES, DEFAULT_MAX_BYTES)) -> Executable:
     """``compile_executable`` without the device check (``rules=""``: stock-state graphs, for tests)."""
     rules = _rules(rules)
     device = torch.device(adapter.device)
@@ -174,8 +179,7 @@ def _compile(adapter: StreamingAdapter, rules: "str | Rules",
         # and must not touch any live session's state or the caller's generators.
         scratch = Arena(plan.layout, device)
         step = adapter.bind(buffer_bindings(adapter.declaration, scratch))
-        by_region = {r.name: scratch.full(r.name) for r in adapter.declaration.regions
-                     if r.buffers and r.name in scratch.regions}
+        by_region = region_buffers(adapter.declaration, scratch)
     else:
         # Stock-managed state: the graphs write the model's own buffers, as stock does.
         scratch, by_region = None, {}
@@ -248,8 +252,7 @@ def _variant_builder(adapter: StreamingAdapter, plan: Plan, rules: Rules, progra
         entry = variant_entry(plan, key)
         example = {n: _copy_strided(inputs[n]) for n in sig.inputs}
         scratch = Arena(plan.layout, device)
-        by_region = {r.name: scratch.full(r.name) for r in adapter.declaration.regions
-                     if r.buffers and r.name in scratch.regions}
+        by_region = region_buffers(adapter.declaration, scratch)
         setup = {"how": "traced", "trace_s": 0.0, "specialize_s": 0.0}
         gm = None
         if key.entry is not None and programs is not None and adapter.symbolic_dims():

@@ -20,7 +20,7 @@ from ..adapter import StreamingAdapter
 from ..compiler import check_rules, compile_executable, open_session
 from ..errors import RulesError
 from ..programs import ProgramStore, open_disk_cache
-from ..runtime.variants import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, check_policy
+from ..runtime.variants import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, DEFAULT_POLICY, check_policy
 from ..step import Rules
 
 
@@ -29,7 +29,7 @@ class DropIn:
     with ``_replace_session``."""
 
     def __init__(self, rules: str, device: torch.device, progress: Callable[[str], None] | None = None,
-                 cache: "bool | str | os.PathLike" = True, off_catalog: str = "eager",
+                 cache: "bool | str | os.PathLike" = True, off_catalog: str = DEFAULT_POLICY,
                  max_specializations: int = DEFAULT_MAX_ENTRIES, max_specialization_bytes: int = DEFAULT_MAX_BYTES):
         self.rules = check_rules(rules, device)  # as given ("S", "SRc", ...): reports print it
         check_policy(off_catalog, max_specializations, max_specialization_bytes)

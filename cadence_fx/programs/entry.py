@@ -46,13 +46,14 @@ def run_once(adapter, entry: CatalogEntry, by_region: dict, device: torch.device
 
 
 def _trace(adapter, plan_at: Callable, plan: Plan, entry: CatalogEntry, by_region: dict, symbolic: tuple,
-           dims: dict, inputs: dict, device: torch.device, say, flags: dict, prepare) -> SymbolicStep:
+           dims: dict, inputs: dict, device: torch.device, say, flags: dict, prepare,
+           off_catalog: bool) -> SymbolicStep:
     sig = adapter.signature
     planned = tuple(d for d in symbolic if d in adapter.symbolic_dims())  # the plan's dims (not an input's)
     plan_dims = {d: v for d, v in dims.items() if d in adapter.dims()}
     state_shapes, slot_shapes = symbolic_shapes(plan_at, plan_dims, planned, entry.index, tuple(sig.regions),
                                                 tuple(by_region))
-    what = f" with {_describe(inputs, flags)}" if flags or inputs != _example_specs(adapter) else ""
+    what = f" with {_describe(inputs, flags)}" if off_catalog else ""
     say(f"tracing catalog entry {entry.index + 1}/{len(plan.catalog)} (steps {entry.steps}){what} once for "
         f"every {', '.join(symbolic)}")
     buffers = {r: (slot_shapes[r], by_region[r].dtype, adapter.declaration.region(r).buffers) for r in by_region}
@@ -74,10 +75,6 @@ def _trace(adapter, plan_at: Callable, plan: Plan, entry: CatalogEntry, by_regio
         say(f"entry {entry.index + 1}: {e}; running the step once and tracing again")
         prepare()
         return trace()
-
-
-def _example_specs(adapter) -> dict:
-    return {n: (tuple(t.shape), t.dtype) for n, t in adapter.example_inputs().items()}
 
 
 def _describe(inputs: dict, flags: dict) -> str:
@@ -134,7 +131,7 @@ def specialized_entry(adapter, plan_at: Callable[[dict], Plan], plan: Plan, entr
         if fresh:
             try:
                 sym = _trace(adapter, plan_at, plan, entry, by_region, symbolic, dims, inputs, device, say, flags,
-                             prepare)
+                             prepare, example_inputs is not None)
             except (NotAffine, TraceError) as e:
                 programs.refuse(base, f"{type(e).__name__}: {e}")
                 setup["reason"] = f"{type(e).__name__}: {e}"

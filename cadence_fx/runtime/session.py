@@ -181,7 +181,7 @@ class Session:
         Clears a broken mark (``SessionBroken``) once the whole state is written."""
         with self._exclusive("load_state"):
             self._check_complete(state, "setup")
-            extents = self._extents_of(state)
+            extents = self.extents_of(state)
             entry0 = self.executable.plan.catalog[0]
             for r, spec in entry0.regions.items():
                 axis = self.layout.slot(r).axis
@@ -383,7 +383,7 @@ class Session:
         state that does not fit, the session's state is as it was."""
         outputs, new_state = self.fallback(inputs, self._private_state(), **flags)
         self._check_complete(new_state, "eager step")
-        self._write_state(new_state, self._extents_of(new_state))
+        self._write_state(new_state, self.extents_of(new_state))
         self._stats.count_fallback(reason)
         self._stats.steps += 1
         return outputs
@@ -523,7 +523,6 @@ class Session:
         axes = {r: self.layout.slot(r).axis for r in self.executable.carried}
         return {r: None if axis is None else state[r].shape[axis] for r, axis in axes.items()}
 
-    _extents_of = extents_of
 
 
 class StockStateSession(Session):
@@ -578,7 +577,7 @@ class StockStateSession(Session):
     def _commit(self, program: EntryProgram, result: tuple) -> dict[str, torch.Tensor]:
         n = len(self.executable.outputs)
         new = dict(zip(self.executable.carried, result[n:]))
-        self._write_state(new, self._extents_of(new))
+        self._write_state(new, self.extents_of(new))
         return dict(zip(self.executable.outputs, result[:n]))
 
     def _write_state(self, state: Mapping[str, torch.Tensor], extents: Mapping[str, int | None]) -> None:

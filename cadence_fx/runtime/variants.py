@@ -39,6 +39,8 @@ from ..errors import CadenceError
 
 #: what an off-catalog chunk does: built and run by its own program, or run eagerly
 POLICIES = ("specialize", "eager")
+#: the library's default: a build waits seconds on the chunk that triggers it; eager is stock speed
+DEFAULT_POLICY = "eager"
 DEFAULT_MAX_ENTRIES = 32
 DEFAULT_MAX_BYTES = 256 << 20
 
@@ -110,7 +112,7 @@ class Variants:
     """
 
     def __init__(self, build: Callable[[VariantKey, Mapping[str, torch.Tensor]], tuple],
-                 policy: str = "eager", max_entries: int = DEFAULT_MAX_ENTRIES, max_bytes: int = DEFAULT_MAX_BYTES):
+                 policy: str = DEFAULT_POLICY, max_entries: int = DEFAULT_MAX_ENTRIES, max_bytes: int = DEFAULT_MAX_BYTES):
         check_policy(policy, max_entries, max_bytes)
         self._build = build
         self.policy, self.max_entries, self.max_bytes = policy, max_entries, max_bytes
@@ -120,6 +122,7 @@ class Variants:
         self._building = threading.Lock()  # one build at a time
         self.built = 0
         self.evicted = 0
+        self.build_s = 0.0  # every build, held or evicted since
 
     def get(self, key: VariantKey, inputs: Mapping[str, torch.Tensor]) -> tuple[Any | None, str | None]:
         """``(program, None)``, built now if need be, or ``(None, why not)``."""
@@ -150,6 +153,7 @@ class Variants:
             with self._lock:
                 self._held[key] = built
                 self.built += 1
+                self.build_s += built.build_s
                 self._evict()
                 kept = key in self._held
                 if not kept:  # larger than the whole budget: never held, so never built again
@@ -187,7 +191,8 @@ class Variants:
                 "policy": self.policy, "max_entries": self.max_entries, "max_bytes": self.max_bytes,
                 "held": {k.label(): {"how": b.how, "build_s": b.build_s, "bytes": b.nbytes}
                          for k, b in self._held.items()},
-                "bytes": self.nbytes, "built": self.built, "evicted": self.evicted,
+                "bytes": self.nbytes, "built": self.built, "build_s": round(self.build_s, 3),
+                "evicted": self.evicted,
                 "refused": {k.label(): why for k, why in self._refused.items()},
             }
 
@@ -202,7 +207,7 @@ class Variants:
         return lines
 
 
-def off_catalog_section(policy: str = "eager", max_entries: int = DEFAULT_MAX_ENTRIES,
+def off_catalog_section(policy: str = DEFAULT_POLICY, max_entries: int = DEFAULT_MAX_ENTRIES,
                         max_bytes: int = DEFAULT_MAX_BYTES, held: "Mapping[str, Variants]" = {}) -> str:
     """The ``Off-catalog chunks`` section of a plan's printout: the policy, its bounds and,
     per compiled configuration (``held``: name -> its ``Variants``), what it holds."""

@@ -25,7 +25,7 @@ def run(args) -> int:
     plan = build_plan(adapter)
     doc = plan.to_json()
     doc["setup"] = {"symbolic_dims": list(adapter.symbolic_dims())}
-    doc["off_catalog"] = {"policies": list(variants.POLICIES), "default": "eager",
+    doc["off_catalog"] = {"policies": list(variants.POLICIES), "default": variants.DEFAULT_POLICY,
                           "max_specializations": variants.DEFAULT_MAX_ENTRIES,
                           "max_specialization_bytes": variants.DEFAULT_MAX_BYTES}
     text = plan.explain() + "\n\n" + setup_section(adapter.symbolic_dims()) + "\n\n" + variants.off_catalog_section()

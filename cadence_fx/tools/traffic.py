@@ -261,12 +261,12 @@ def _specializations(live: dict) -> dict:
         if not spec:
             continue
         captured_s += sum(spec["captured_here_s"].values())
-        key = id(c["session"].session.executable) if hasattr(c["session"], "session") else None
+        key = id(c["session"].session.executable)  # one Variants per executable (prompt length)
         if key in seen:
             continue
         seen.add(key)
         built += spec["built"]
-        build_s += sum(v["build_s"] for v in spec["held"].values())
+        build_s += spec["build_s"]
         refused.update(spec["refused"])
     return {"built": built, "build_s": round(build_s, 2), "capture_s": round(captured_s, 2), "refused": refused}
 

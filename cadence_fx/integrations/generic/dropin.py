@@ -28,7 +28,7 @@ from ...lockstep import rng_state, set_rng_state
 from ...errors import CadenceError, DeclarationError, InputError, SessionBroken, SessionClosed
 from ...plan import TensorSpec, make_plan
 from ...runtime.binding import rebind_buffers
-from ...runtime.variants import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES
+from ...runtime.variants import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, DEFAULT_POLICY
 from ..dropin import DropIn
 from .adapter import GenericAdapter, check_state, module_device_dtype, private_buffers, resolve_dims
 from .form import StepForm, render
@@ -48,7 +48,7 @@ class OptimizedModule(DropIn):
 
     def __init__(self, model: torch.nn.Module, rules: str = "S", progress: Callable[[str], None] | None = None,
                  cache: "bool | str | os.PathLike" = True, dims: Mapping[str, int] | None = None,
-                 check_chunks: int | None = None, off_catalog: str = "eager",
+                 check_chunks: int | None = None, off_catalog: str = DEFAULT_POLICY,
                  max_specializations: int = DEFAULT_MAX_ENTRIES, max_specialization_bytes: int = DEFAULT_MAX_BYTES):
         self.declaration = get_declaration(model)
         self.form = StepForm.of(model, self.declaration)

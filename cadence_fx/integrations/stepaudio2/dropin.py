@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from ...runtime.variants import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES
 from ...compiler import build_plan, open_session
 from ...programs import setup_section
 from ...runtime.binding import rebind_buffers
-from ...runtime.variants import off_catalog_section
+from ...runtime.variants import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, DEFAULT_POLICY, off_catalog_section
 from ..dropin import DropIn
 from ..frames import speech_out
 from .adapter import STOCK_BUFFERS, Token2WavAdapter, module_buffer
@@ -37,9 +36,11 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
     first (``inputs``) and copy the speaker vector: the caller may reuse its tensor.
     """
 
-    def __init__(self, tail: Token2WavTail, rules: str = "S", progress=None, cache=True, off_catalog: str = "eager", max_specializations: int = DEFAULT_MAX_ENTRIES,
+    def __init__(self, tail: Token2WavTail, rules: str = "S", progress=None, cache=True,
+                 off_catalog: str = DEFAULT_POLICY, max_specializations: int = DEFAULT_MAX_ENTRIES,
                  max_specialization_bytes: int = DEFAULT_MAX_BYTES):
-        super().__init__(rules, tail.device, progress, cache, off_catalog, max_specializations, max_specialization_bytes)
+        super().__init__(rules, tail.device, progress, cache, off_catalog, max_specializations,
+                         max_specialization_bytes)
         self.n_timesteps, self.float16 = tail.n_timesteps, tail.float16
         flow_paths = [p.removeprefix("flow.") for p in STOCK_BUFFERS]
         self._stock_buffer_bytes = sum(module_buffer(tail.flow, p).nbytes for p in flow_paths)

@@ -27,7 +27,7 @@ import torch
 
 from ...errors import CadenceError, InputError, RulesError
 from ...runtime.snapshot import SessionSnapshot
-from ...runtime.variants import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES
+from ...runtime.variants import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, DEFAULT_POLICY
 from .dropin import OptimizedToken2Wav
 from .stock import CARRIED, Token2WavTail
 
@@ -39,7 +39,8 @@ _OWN = ("upstream", "optimized", "session", "_handles", "_pending")
 class OptimizedUpstreamToken2wav:
     """stepaudio2's ``Token2wav`` with its streaming tail optimized (see the module docstring)."""
 
-    def __init__(self, t2w, rules: str = "SRc", progress=None, cache=True, off_catalog: str = "eager", max_specializations: int = DEFAULT_MAX_ENTRIES,
+    def __init__(self, t2w, rules: str = "SRc", progress=None, cache=True,
+                 off_catalog: str = DEFAULT_POLICY, max_specializations: int = DEFAULT_MAX_ENTRIES,
                  max_specialization_bytes: int = DEFAULT_MAX_BYTES):
         device = next(t2w.flow.parameters()).device
         if device.type != "cuda":
@@ -48,7 +49,8 @@ class OptimizedUpstreamToken2wav:
                              f"(docs/backends.md)")
         tail = Token2WavTail(t2w.flow, t2w.hift, n_timesteps=t2w.n_timesteps, float16=t2w.float16)
         object.__setattr__(self, "upstream", t2w)
-        object.__setattr__(self, "optimized", OptimizedToken2Wav(tail, rules, progress, cache, off_catalog, max_specializations, max_specialization_bytes))
+        object.__setattr__(self, "optimized", OptimizedToken2Wav(tail, rules, progress, cache, off_catalog,
+                                                                 max_specializations, max_specialization_bytes))
         object.__setattr__(self, "session", None)
         object.__setattr__(self, "_handles", (None, None))
         object.__setattr__(self, "_pending", {})

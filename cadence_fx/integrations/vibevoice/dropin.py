@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ...runtime.variants import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES
+from ...runtime.variants import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, DEFAULT_POLICY
 from ..dropin import OneExecutableDropIn
 from .adapter import VibeVoiceAdapter
 from .stock import VibeVoiceDecoder, VibeVoiceStream
@@ -15,9 +15,11 @@ class OptimizedVibeVoice(VibeVoiceStream, OneExecutableDropIn):
     once per catalog entry; each stream (``reset()``) keeps every carry in one arena.
     The model is shared with the stock decoder: upstream keeps no state on it."""
 
-    def __init__(self, decoder: VibeVoiceDecoder, rules: str = "S", progress=None, cache=True, off_catalog: str = "eager", max_specializations: int = DEFAULT_MAX_ENTRIES,
+    def __init__(self, decoder: VibeVoiceDecoder, rules: str = "S", progress=None, cache=True,
+                 off_catalog: str = DEFAULT_POLICY, max_specializations: int = DEFAULT_MAX_ENTRIES,
                  max_specialization_bytes: int = DEFAULT_MAX_BYTES):
-        super().__init__(rules, decoder.device, progress, cache, off_catalog, max_specializations, max_specialization_bytes)
+        super().__init__(rules, decoder.device, progress, cache, off_catalog, max_specializations,
+                         max_specialization_bytes)
         self._require_stable_state("VibeVoice", "upstream's cache hands every conv a new tensor each step, so no "
                                    "stock state sits at fixed addresses to replay over")
         self.model = decoder.model
