@@ -195,6 +195,24 @@ def _release_generator(pool, stream) -> None:
             pass
 
 
+def capture_variant(program: torch.fx.GraphModule, args: Sequence[Any], pool, arena_ptr: int | None,
+                    stream, device: torch.device) -> tuple[torch.fx.GraphModule, dict[str, str], str | None]:
+    """A session's own copy of an off-catalog program, captured mid-stream (generators
+    forked; the caller puts its live state back).  ``(parent, failed regions, error)``:
+    out of memory is a failure of every region (they run eagerly, counted), any other
+    exception the ``error`` (the caller runs the chunk eagerly instead)."""
+    parent = fresh_regions(program)
+    devices = [device] if device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            try:
+                return parent, capture_entry(parent, args, pool, arena_ptr, stream), None
+            except torch.OutOfMemoryError as e:
+                return parent, {"*": f"out of memory while capturing: {e}"}, None
+    except Exception as e:
+        return parent, {}, f"capture failed: {type(e).__name__}: {e}"
+
+
 def fresh_regions(parent: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """A per-session copy of an entry's graph: same pieces, new (uncaptured) regions.
 

@@ -124,7 +124,7 @@ class Session:
         self._busy = threading.Lock()  # held by the one call running on this session
         self._broken: BaseException | None = None  # what a step failed with, part-way
         # off-catalog specializations this session runs (under replay: captured on its arena)
-        self._variant_programs: dict[VariantKey, EntryProgram] = {}
+        self._variant_programs: dict[VariantKey, EntryProgram | str] = {}  # str: why its capture failed
         self._variant_capture_s: dict[str, float] = {}
         self._pool = None  # prepare_replay's graph pool and capture stream, for later captures
         self._capture_stream = None
@@ -339,43 +339,44 @@ class Session:
         why = self.gate.check(program.entry, inputs, self.extents)
         if why is not None:
             return None, why
-        return (key, self._session_variant(key, program, inputs)), None
+        mine, why = self._session_variant(key, program, inputs)
+        return (None, why) if mine is None else ((key, mine), None)
 
     def _session_variant(self, key: VariantKey, program: EntryProgram,
-                         inputs: Mapping[str, torch.Tensor]) -> EntryProgram:
+                         inputs: Mapping[str, torch.Tensor]) -> tuple[EntryProgram | None, str | None]:
         """This session's copy of a specialization: under replay, captured on its arena now
-        (the live state is copied out first and written back after: capture runs the step)."""
+        (the live state is copied out first and written back after: capture runs the step).
+        ``(None, why)`` where the capture failed (the chunk runs eagerly; not tried again)."""
         held = self.executable.variants
         for gone in [k for k in self._variant_programs if not held.holds(k)]:  # evicted: free its graphs
             del self._variant_programs[gone]
         if program.kind != "cudagraph":
-            return program
+            return program, None
         mine = self._variant_programs.get(key)
         if mine is not None:
-            return mine
-        from .graphs import capture_entry, fresh_regions
+            return (None, mine) if isinstance(mine, str) else (mine, None)
+        from .graphs import capture_variant
         t0 = time.perf_counter()
         saved = {r: t.clone() for r, t in self._live_state().items()}
         extents = dict(self.extents)
-        parent = fresh_regions(program.run)
         args = [inputs[n] for n in self.executable.inputs] + self._capture_state_args(program)
-        devices = [self._expect_device] if self._expect_device.type == "cuda" else []
         if self._pool is None and self._expect_device.type == "cuda":
             self._pool = torch.cuda.graph_pool_handle()
         try:
-            with torch.random.fork_rng(devices=devices):
-                try:
-                    failed = capture_entry(parent, args, self._pool, self._bound_storage(), self._capture_stream)
-                except torch.OutOfMemoryError as e:
-                    failed = {"*": f"out of memory while capturing: {e}"}
+            parent, failed, error = capture_variant(program.run, args, self._pool, self._bound_storage(),
+                                                    self._capture_stream, self._expect_device)
         finally:  # capture ran the step on the arena: put the live state back (a failure here breaks it)
             self._write_state(saved, extents)
+        if error is not None:  # never a crash mid-stream: this key runs eagerly in this session
+            self.capture_failures[key.label()] = {"*": error}
+            self._variant_programs[key] = error
+            return None, error
         if failed:
             self.capture_failures[key.label()] = failed
         mine = dataclasses.replace(program, run=parent)
         self._variant_programs[key] = mine
         self._variant_capture_s[key.label()] = round(time.perf_counter() - t0, 3)
-        return mine
+        return mine, None
 
     def _step_fallback(self, inputs: Mapping[str, torch.Tensor], flags: Mapping[str, Any],
                        reason: str) -> dict[str, torch.Tensor]:

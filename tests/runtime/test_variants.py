@@ -312,3 +312,50 @@ def test_a_mid_stream_capture_leaves_the_state_and_the_generators_as_they_were(m
         assert set(s.session.stats()["specializations"]["captured_here_s"]) == {
             "entry 0 | x (1, 4, 2)", "off-catalog kv=7 | x (1, 4, 3)", "entry 2 | x (1, 4, 1)",
             "entry 2 | x (1, 4, 3) | last", "entry 2 | x (1, 4, 1) | last"}
+
+
+def test_a_failed_mid_stream_capture_runs_that_key_eagerly_and_is_not_tried_again(monkeypatch):
+    """Rules SRc on the CPU (``capture_entry`` faked, as tests/serving/test_multi_session.py
+    fakes it: it scribbles on the arena and draws from the generator): each session
+    captures an off-catalog program the first time it runs it, mid-stream; its live state
+    and the generators are as before, so every step stays exact.  A capture that raises
+    (not out of memory) sends that chunk, and that key's later chunks in the session, to
+    the eager path with the reason; it is not tried again."""
+    from cadence_fx import compiler
+    from cadence_fx.runtime import graphs
+
+    monkeypatch.setattr(compiler, "check_rules", lambda rules, device: rules)  # lower for replay on the CPU
+    adapter = ToyAdapter(make_toy(RETAIN), 5)
+    exe = compiler.compile_executable(adapter, "SRc", off_catalog="specialize")
+    calls = []
+
+    def capture_entry(parent, args, pool, arena_ptr, stream):
+        calls.append(tuple(a.shape[2] for a in args[:1]))
+        for a in args:
+            if isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == arena_ptr:
+                a.fill_(3.0)  # the warm-up run writes into the arena
+        torch.rand(5)  # and draws
+        if calls[-1] == (1,):
+            raise RuntimeError("capture of a 1-frame chunk failed")
+        return {}
+
+    monkeypatch.setattr(graphs, "capture_entry", capture_entry)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
+    for session_no in range(2):
+        before = len(calls)
+        s = Stream(adapter, exe, 5)
+        for i, (frames, last) in enumerate(TRAFFIC + [(1, False), (3, False)]):
+            s.step(_x(frames, 200 + i), f"session {session_no} step {i}", **({"last": True} if last else {}))
+        captured = calls[before:]
+        # the 3 catalog entries at opening, then each off-catalog key once, in stream order (the
+        # two 1-frame keys fail; the second 1-frame chunk that is not last is not captured again)
+        assert captured == [(3,)] * 3 + [(2,), (3,), (1,), (3,), (1,)], captured
+        for label in ("entry 2 | x (1, 4, 1)", "entry 2 | x (1, 4, 1) | last"):
+            assert s.session.capture_failures[label] == {
+                "*": "capture failed: RuntimeError: capture of a 1-frame chunk failed"}
+        eager = {r.split(" (not specialized")[0]: n for r, n in s.session.stats()["fallbacks"].items()
+                 if "capture failed" in r}
+        assert eager == {"input 'x' shape (1, 4, 1) != catalog (1, 4, 3)": 2,
+                         "flags last outside the catalog (eager)": 1}, eager
+        assert set(s.session.stats()["specializations"]["captured_here_s"]) == {
+            "entry 0 | x (1, 4, 2)", "off-catalog kv=7 | x (1, 4, 3)", "entry 2 | x (1, 4, 3) | last"}
