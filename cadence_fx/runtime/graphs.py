@@ -12,13 +12,21 @@ captured (shape, stride, dtype, device; the address of bound ones; the value of 
 python argument baked into the graph).  On any mismatch it runs the same piece
 eagerly instead and counts the reason in ``refusals``, which the session reports.
 
-Random draws: PyTorch registers the default CUDA generator with the graph, and
-each replay advances its Philox offset by what the captured kernels draw, from the
-generator's state at replay time, as eager would.
+Random draws (``GraphRng``): a session's graphs are captured with the default CUDA
+generator pointed at that session's own generator state, so they read their Philox
+seed and offset from device tensors of their own.  Before each replay the session's
+state takes the default generator's seed and offset, and after it the default
+generator advances by what the graph drew: the draws are those eager would make at
+that call, and a replay overlapping another session's (another stream) never reads
+that session's offset.  PyTorch before 2.13 keeps one such pair of tensors per
+generator state, shared by every graph captured with it (pytorch/pytorch#176752 made
+them per capture), so without a state per session overlapped replays could read each
+other's offsets.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any, Sequence
 
@@ -30,6 +38,50 @@ from ..plan import same_layout
 
 class CaptureFailed(CadenceError, RuntimeError):
     """Capture of a region failed; the session runs it eagerly instead."""
+
+
+class GraphRng:
+    """One session's CUDA generator state for the random draws of its graphs.
+
+    ``capturing()`` points the device's default generator at this state while a graph
+    is captured (``graphsafe_set_state``), so the captured kernels read this state's
+    seed/offset tensors; ``replay(graph)`` runs one graph as eager would draw at this
+    call: this state takes the default generator's seed and offset, the graph replays
+    (PyTorch writes them into the tensors on the current stream, then advances this
+    state), and the default generator advances by the same amount.  Callers seed the
+    default generator as they would for stock (``torch.manual_seed``) and never see
+    this state.  ``for_device`` is None where PyTorch lacks the graph-safe generator
+    API (then graphs draw from the default state, as before).
+    """
+
+    def __init__(self, device: torch.device):
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        self.default = torch.cuda.default_generators[index]
+        self.own = torch.Generator(device=torch.device("cuda", index))
+        self.replays = 0
+
+    @classmethod
+    def for_device(cls, device: torch.device) -> "GraphRng | None":
+        needed = ("graphsafe_get_state", "graphsafe_set_state", "get_offset", "set_offset")
+        if device.type != "cuda" or not all(hasattr(torch.Generator, m) for m in needed):
+            return None
+        return cls(device)
+
+    @contextlib.contextmanager
+    def capturing(self):
+        saved = self.default.graphsafe_get_state()
+        self.default.graphsafe_set_state(self.own)
+        try:
+            yield
+        finally:
+            self.default.graphsafe_set_state(saved)
+
+    def replay(self, graph: "torch.cuda.CUDAGraph") -> None:
+        self.own.manual_seed(self.default.initial_seed())
+        self.own.set_offset(self.default.get_offset())
+        graph.replay()
+        self.default.set_offset(self.own.get_offset())
+        self.replays += 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,8 +112,10 @@ class ArgSpec:
 class CapturedRegion(torch.nn.Module):
     """One CUDA graph for one piece of one catalog entry."""
 
-    def __init__(self, piece: torch.nn.Module, bound: Sequence[bool], name: str = "region", trivial: bool = False):
+    def __init__(self, piece: torch.nn.Module, bound: Sequence[bool], name: str = "region", trivial: bool = False,
+                 rng: GraphRng | None = None):
         super().__init__()
+        self.rng = rng  # the session's generator state its graph draws from (None: the default one)
         self.piece = piece
         self.bound = tuple(bound)  # args written in place; capture adds those that alias the arena
         self.name = name
@@ -95,11 +149,13 @@ class CapturedRegion(torch.nn.Module):
                           for a, b in zip(args, self.bound)]
         call_args = [s if s is not None else a for a, s in zip(args, self.static_in)]
         graph = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.graph(graph, pool=pool, stream=stream):
-                out = self.piece(*call_args)
-        except Exception as e:
-            raise CaptureFailed(f"{self.name}: capture failed: {type(e).__name__}: {e}") from e
+        with self.rng.capturing() if self.rng is not None else contextlib.nullcontext():
+            try:
+                with torch.cuda.graph(graph, pool=pool, stream=stream):
+                    out = self.piece(*call_args)
+            except Exception as e:
+                _release_generator(pool, stream)  # the generator state this capture used
+                raise CaptureFailed(f"{self.name}: capture failed: {type(e).__name__}: {e}") from e
         self.graph, self.static_out = graph, out
 
     def check(self, args: Sequence[Any]) -> str | None:
@@ -128,7 +184,10 @@ class CapturedRegion(torch.nn.Module):
         for s, a in zip(self.static_in, args):
             if s is not None:
                 s.copy_(a)
-        self.graph.replay()
+        if self.rng is not None:
+            self.rng.replay(self.graph)
+        else:
+            self.graph.replay()
         self.replays += 1
         return self.static_out
 
@@ -163,7 +222,6 @@ def capture_entry(parent: torch.fx.GraphModule, args: Sequence[Any], pool, arena
                 mod.capture(args_, pool, stream, arena_ptr)
             except CaptureFailed as e:  # mod.graph stays None: every call runs the piece, counted
                 failed[mod.name] = str(e)
-                _release_generator(pool, stream)
             torch.cuda.synchronize()
             return out
         return mod(*args_)
@@ -196,12 +254,13 @@ def _release_generator(pool, stream) -> None:
 
 
 def capture_variant(program: torch.fx.GraphModule, args: Sequence[Any], pool, arena_ptr: int | None,
-                    stream, device: torch.device) -> tuple[torch.fx.GraphModule, dict[str, str], str | None]:
+                    stream, device: torch.device,
+                    rng: GraphRng | None = None) -> tuple[torch.fx.GraphModule, dict[str, str], str | None]:
     """A session's own copy of an off-catalog program, captured mid-stream (generators
     forked; the caller puts its live state back).  ``(parent, failed regions, error)``:
     out of memory is a failure of every region (they run eagerly, counted), any other
     exception the ``error`` (the caller runs the chunk eagerly instead)."""
-    parent = fresh_regions(program)
+    parent = fresh_regions(program, rng)
     devices = [device] if device.type == "cuda" else []
     try:
         with torch.random.fork_rng(devices=devices):
@@ -213,8 +272,9 @@ def capture_variant(program: torch.fx.GraphModule, args: Sequence[Any], pool, ar
         return parent, {}, f"capture failed: {type(e).__name__}: {e}"
 
 
-def fresh_regions(parent: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """A per-session copy of an entry's graph: same pieces, new (uncaptured) regions.
+def fresh_regions(parent: torch.fx.GraphModule, rng: GraphRng | None = None) -> torch.fx.GraphModule:
+    """A per-session copy of an entry's graph: same pieces, new (uncaptured) regions
+    that draw from the session's generator state ``rng``.
 
     Graphs bind one arena by address, so each session captures its own.
     """
@@ -223,7 +283,7 @@ def fresh_regions(parent: torch.fx.GraphModule) -> torch.fx.GraphModule:
     gm._modules = dict(parent._modules)
     for name, mod in parent._modules.items():
         if isinstance(mod, CapturedRegion):
-            gm._modules[name] = CapturedRegion(mod.piece, mod.bound, name=mod.name, trivial=mod.trivial)
+            gm._modules[name] = CapturedRegion(mod.piece, mod.bound, name=mod.name, trivial=mod.trivial, rng=rng)
     return gm
 
 

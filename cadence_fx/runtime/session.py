@@ -128,6 +128,7 @@ class Session:
         self._variant_capture_s: dict[str, float] = {}
         self._pool = None  # prepare_replay's graph pool and capture stream, for later captures
         self._capture_stream = None
+        self._rng = None  # prepare_replay's GraphRng: the generator state this session's graphs draw from
 
     # ------------------------------------------------------------------ public
     @torch.no_grad()
@@ -141,7 +142,7 @@ class Session:
         which is recorded), the session keeps no graphs and is marked broken.  Its wall
         time is ``stats()["setup_s"]["capture_s"]``.
         """
-        from .graphs import capture_entry, fresh_regions
+        from .graphs import GraphRng, capture_entry, fresh_regions
         failed: dict[int, dict[str, str]] = {}
         if not any(p.kind == "cudagraph" for p in self.executable.programs.values()):
             return failed
@@ -151,12 +152,13 @@ class Session:
             # and one capture stream: one set of library workspaces (None: a CPU test's fake capture)
             stream = torch.cuda.Stream(self._expect_device) if self._expect_device.type == "cuda" else None
             self._pool, self._capture_stream = pool, stream  # specializations captured later use them too
+            self._rng = GraphRng.for_device(self._expect_device)  # its graphs' own generator state
             programs: dict[int, EntryProgram] = {}
             devices = [self._expect_device] if self._expect_device.type == "cuda" else []  # the CPU generator always forks
             try:
                 with torch.random.fork_rng(devices=devices):
                     for idx, program in sorted(self.executable.programs.items()):
-                        parent = fresh_regions(program.run)
+                        parent = fresh_regions(program.run, self._rng)
                         args = [example_inputs[n] for n in self.executable.inputs] + self._capture_state_args(program)
                         try:
                             failed[idx] = capture_entry(parent, args, pool, self._bound_storage(), stream)
@@ -269,8 +271,12 @@ class Session:
         """Steps, graph and replay runs per entry (and per specialization, by its label),
         fallbacks by reason, ``setup_s`` (``SetupTimes``) and, where the executable keeps
         specializations, ``specializations``: its policy, bounds, what it holds and refused,
-        and what this session captured (seconds per label)."""
+        and what this session captured (seconds per label).  Under replay, ``graph_rng``:
+        ``"session"`` (its graphs draw from a generator state of their own) or
+        ``"default"`` (this PyTorch lacks the graph-safe generator API)."""
         out = self._stats.to_json()
+        if self._programs is not None and self._expect_device.type == "cuda":
+            out["graph_rng"] = "session" if self._rng is not None else "default"
         if self.executable.variants is not None:
             out["specializations"] = {**self.executable.variants.stats(),
                                       "captured_here_s": dict(self._variant_capture_s)}
@@ -361,10 +367,11 @@ class Session:
         extents = dict(self.extents)
         args = [inputs[n] for n in self.executable.inputs] + self._capture_state_args(program)
         if self._pool is None and self._expect_device.type == "cuda":
-            self._pool = torch.cuda.graph_pool_handle()
+            from .graphs import GraphRng
+            self._pool, self._rng = torch.cuda.graph_pool_handle(), GraphRng.for_device(self._expect_device)
         try:
             parent, failed, error = capture_variant(program.run, args, self._pool, self._bound_storage(),
-                                                    self._capture_stream, self._expect_device)
+                                                    self._capture_stream, self._expect_device, self._rng)
         finally:  # capture ran the step on the arena: put the live state back (a failure here breaks it)
             self._write_state(saved, extents)
         if error is not None:  # never a crash mid-stream: this key runs eagerly in this session

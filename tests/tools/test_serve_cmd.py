@@ -112,6 +112,43 @@ def test_a_sweep_checks_every_session_at_every_n_against_stock_alone(t2w):
                            cfg, HOOKS.tokens()) is False
 
 
+def test_a_sweep_at_given_points_opens_the_sessions_each_point_adds(t2w):
+    cfg = sim.SimConfig(seconds=1, warmup_ticks=0, budget_ms=1e9)
+    report = sim.serve_sim_report(make_optimized=lambda: t2w.opt, make_stock=lambda i: t2w.tail,
+                                    make_prompt=lambda i: s2.synthetic_prompt(5, seed=50 + i), hooks=HOOKS,
+                                    device=torch.device("cpu"), cfg=cfg, sessions=1, modes=["optimized"],
+                                    sweep_to=3, points=[1, 3], meta={"model": "token2wav", "rules": "S"})
+    points = report["sweep"]["optimized"]
+    assert [p["sessions"] for p in points] == [1, 3] and [p["chunks_per_session"] for p in points] == [[1], [2, 1, 1]]
+    assert [p["exact"] for p in points] == [True, True] and report["max_sessions_holding_cadence"] == {"optimized": 3}
+    for bad, message in (([3, 1], "ascending"), ([0, 2], ">= 1"), ([1, 4], "above --max-sessions 3")):
+        with pytest.raises(cadence_fx.InputError, match=message):
+            sim.sweep_sizes(3, bad)
+    with pytest.raises(SystemExit, match="--sweep-points needs --sweep"):
+        cli.main(["serve-sim", "--sweep-points", "1,2"])
+    with pytest.raises(SystemExit, match="--sweep-points '2,x'"):
+        cli.main(["serve-sim", "--sweep", "--sweep-points", "2,x"])
+
+
+def test_the_exactness_check_in_worker_processes_hashes_what_one_process_does(t2w):
+    """``--check-workers``: each spawned process builds the model from the command's
+    options and replays whole sessions on stock; its hashes are the parent's, bit for bit
+    (same weights, same thread count), and a session's chunks hash differently."""
+    import argparse
+
+    from cadence_fx.tools.serve import check
+    args = argparse.Namespace(model="token2wav", device="cpu", n_timesteps=STEPS, dtype="float32", prompt_tokens=5,
+                              seed=0, checkpoint=None, rules="S", json=True, func=print)
+    cfg = sim.SimConfig(seconds=1, seed=3)
+    spec = registry.get("token2wav")
+    jobs = [(0, 2), (1, 1)]  # t2w.tail is what --seed 0 --n-timesteps 2 builds; one stream at a time (as a worker)
+    here = [sim.stock_prefixes(t2w.tail, spec.serve.prompt(args, i, torch.device("cpu")), cfg, HOOKS.tokens(), i, upto)
+            for i, upto in jobs]
+    there = check.in_processes(args, cfg, workers=2)(jobs)
+    assert there == here
+    assert len(set(here[0].values())) == 3 and here[0][1] != here[1][1]
+
+
 # ------------------------------------------------------------------------- soak
 def test_soak_checkpoints_are_exact_against_stock_from_the_session_state(t2w):
     prompt = s2.synthetic_prompt(5, seed=40)

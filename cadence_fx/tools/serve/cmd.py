@@ -9,7 +9,9 @@ import sys
 from typing import Any
 
 from .. import registry
-from .sim import MIXES, MODES, SimConfig, plot_sweep, serve_sim_report
+from ...errors import InputError
+from .check import in_processes
+from .sim import MIXES, MODES, SimConfig, plot_sweep, serve_sim_report, sweep_sizes
 from .soak import soak
 
 
@@ -41,6 +43,16 @@ def cmd_serve_sim(args) -> int:
         raise SystemExit(f"--modes: choose from {','.join(MODES)}")
     if args.overlap and device.type != "cuda":
         raise SystemExit("--overlap launches sessions on their own CUDA streams: it needs --device cuda")
+    if args.check_workers < 1:
+        raise SystemExit("--check-workers must be >= 1")
+    points = None
+    if args.sweep_points:
+        if not args.sweep:
+            raise SystemExit("--sweep-points needs --sweep")
+        try:
+            points = sweep_sizes(args.max_sessions, [int(n) for n in args.sweep_points.split(",") if n.strip()])
+        except (ValueError, InputError) as e:
+            raise SystemExit(f"--sweep-points {args.sweep_points!r}: {e}") from None
 
     def make_optimized():
         return registry.optimize(spec, spec.build(args)[0], args.rules, say)
@@ -51,14 +63,16 @@ def cmd_serve_sim(args) -> int:
     meta = {"model": args.model, "rules": args.rules, "dtype": args.dtype, "n_timesteps": args.n_timesteps,
             "prompt_tokens": args.prompt_tokens, "torch": torch.__version__,
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-            "stock_layout": "one stock model per session: its own weights and fixed state buffers"}
+            "stock_layout": "one stock model per session: its own weights and fixed state buffers",
+            "sweep_points": points, "check_workers": args.check_workers}
     cfg = SimConfig(args.seconds, args.mix, args.seed, args.warmup_ticks)
     report = serve_sim_report(make_optimized=make_optimized, make_stock=make_stock,
                               make_prompt=lambda i: spec.serve.prompt(args, i, device), hooks=spec.serve,
                               device=device, cfg=cfg,
                               sessions=args.sessions, modes=modes,
                               sweep_to=args.max_sessions if args.sweep else None, overlap=args.overlap,
-                              meta=meta, say=say, check_exact=not args.no_exact_check)
+                              meta=meta, say=say, check_exact=not args.no_exact_check, points=points,
+                              run_jobs=None if args.check_workers == 1 else in_processes(args, cfg, args.check_workers, say))
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         if args.sweep:
@@ -152,6 +166,11 @@ def add_serve_args(p: argparse.ArgumentParser, *, soak_cmd: bool = False) -> Non
     p.add_argument("--no-exact-check", action="store_true",
                    help="sweeping: skip that check (report exact: null), e.g. for a quick capacity probe")
     p.add_argument("--max-sessions", type=int, default=64)
+    p.add_argument("--sweep-points", default=None,
+                   help="sweeping: only these N, ascending (e.g. 1,8,16,32,64); sessions still persist between them")
+    p.add_argument("--check-workers", type=int, default=1,
+                   help="sweeping: replay the stock streams of the exactness check in this many processes "
+                        "(stock is host-bound; each process builds the model once from these options)")
     p.add_argument("--overlap", action="store_true",
                    help="CUDA: each optimized session on its own stream, a tick's chunks launched before any is read")
 

@@ -257,30 +257,47 @@ def simulate(mode: str, factory: Callable[[], Any], make_prompt: Callable[[int],
     return report
 
 
-def sweep(mode: str, factory: Callable[[], Any], make_prompt: Callable[[int], tuple], cfg: SimConfig, device,
-          tokens: TokenChunks, max_sessions: int, say=None) -> list[dict[str, Any]]:
-    """N = 1, 2, ... until a tick misses its deadline, memory runs out, or ``max_sessions``.
+def sweep_sizes(max_sessions: int, points: Sequence[int] | None = None) -> list[int]:
+    """The N a sweep measures: ``points`` (ascending, each in 1..``max_sessions``), else 1, 2, ..."""
+    if not points:
+        return list(range(1, max_sessions + 1))
+    sizes = list(points)
+    if any(not isinstance(n, int) or n < 1 for n in sizes) or sizes != sorted(set(sizes)):
+        raise InputError(f"sweep points {sizes}: give distinct session counts >= 1 in ascending order")
+    if sizes[-1] > max_sessions:
+        raise InputError(f"sweep point {sizes[-1]} is above --max-sessions {max_sessions}")
+    return sizes
 
-    Sessions persist from one N to the next (N + 1 opens one more), as conversations
-    join a live server; each N runs ``cfg.seconds`` timed ticks after its warm-up ticks.
+
+def sweep(mode: str, factory: Callable[[], Any], make_prompt: Callable[[int], tuple], cfg: SimConfig, device,
+          tokens: TokenChunks, max_sessions: int, say=None, points: Sequence[int] | None = None) -> list[dict[str, Any]]:
+    """N = 1, 2, ... (or each of ``points``) until a tick misses its deadline, memory runs
+    out, or ``max_sessions``.
+
+    Sessions persist from one N to the next (the next N opens the ones it adds), as
+    conversations join a live server; each N runs ``cfg.seconds`` timed ticks after its
+    warm-up ticks.  ``open_s`` is the wall time of opening the sessions an N added.
     """
     import torch
     streams = factory()
     _memory_reset(device)
     feeds: list[TokenFeed] = []
     hashes: list[Any] = []
-    points = []
+    points_out = []
     try:
-        for n in range(1, max_sessions + 1):
+        for n in sweep_sizes(max_sessions, points):
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             try:
-                streams.open(n - 1, make_prompt(n - 1))
-                feeds.append(TokenFeed(cfg.seed, n - 1, tokens))
-                hashes.append(hashlib.sha256())
+                t0 = time.perf_counter()
+                for i in range(len(feeds), n):
+                    streams.open(i, make_prompt(i))
+                    feeds.append(TokenFeed(cfg.seed, i, tokens))
+                    hashes.append(hashlib.sha256())
+                open_s = round(time.perf_counter() - t0, 3)
                 point = run_ticks(streams, feeds, n, cfg, device, hashes)
                 point.pop("speak_ms_per_tick")
-                point.update(sessions=n, status="ok" if point["holds_cadence"] else "miss",
+                point.update(sessions=n, status="ok" if point["holds_cadence"] else "miss", open_s=open_s,
                              # each session's PCM so far, for check_sweep
                              chunks_per_session=[f.next_chunk for f in feeds],
                              pcm_sha256=[h.copy().hexdigest() for h in hashes])
@@ -288,7 +305,7 @@ def sweep(mode: str, factory: Callable[[], Any], make_prompt: Callable[[int], tu
                 point = {"sessions": n, "status": f"out of memory: {str(e).splitlines()[0]}", "holds_cadence": False}
             point["peak_memory_bytes"] = _peak_memory(device)
             point["rss_bytes"] = rss_bytes()
-            points.append(point)
+            points_out.append(point)
             if say:
                 p99 = (point.get("speak_ms") or {}).get("p99")
                 say(f"{mode}: N={n} {point['status']}, SPEAK p99 {p99} ms, peak {point['peak_memory_bytes']}")
@@ -298,11 +315,11 @@ def sweep(mode: str, factory: Callable[[], Any], make_prompt: Callable[[int], tu
         streams.close()
         del streams
         _memory_reset(device)
-    return points
+    return points_out
 
 
 def largest_holding(points: Iterable[dict[str, Any]]) -> int:
-    """The largest N with every N' <= N holding the cadence (0 if none)."""
+    """The largest N with every measured N' <= N holding the cadence (0 if none)."""
     best = 0
     for p in points:
         if not p.get("holds_cadence"):
@@ -340,33 +357,44 @@ def plot_sweep(report: dict[str, Any], path: str) -> str | None:
 
 
 
+def stock_prefixes(tail, prompt: tuple, cfg: SimConfig, tokens: TokenChunks, session: int,
+                   upto: int) -> dict[int, str]:
+    """Session ``session`` alone on the stock model ``tail``: its PCM hash after each of its
+    first ``upto`` chunks (its prompt, its chunks and their seeds), keyed by chunk count."""
+    import torch
+    tail.set_stream_cache(*prompt)
+    feed, h = TokenFeed(cfg.seed, session, tokens), hashlib.sha256()
+    seen = {0: h.hexdigest()}
+    for k in range(upto):
+        torch.manual_seed(chunk_seed(cfg.seed, session, k))
+        h.update(tail.stream(feed.chunk(k)))
+        seen[k + 1] = h.copy().hexdigest()
+    return seen
+
+
 def check_sweep(points: list[dict[str, Any]], make_stock: Callable[[int], Any], make_prompt: Callable[[int], tuple],
-                cfg: SimConfig, tokens: TokenChunks, say=None) -> bool | None:
+                cfg: SimConfig, tokens: TokenChunks, say=None,
+                run_jobs: Callable[[list[tuple[int, int]]], list[dict[int, str]]] | None = None) -> bool | None:
     """Every session's PCM at every N of a sweep against its own stock stream alone.
 
     Session ``i`` replays on one stock model of its own, with its prompt, its chunks and
     their seeds (what it spoke in the sweep), and its PCM hash after each chunk is
     compared with the sweep's at every point; each point gets ``exact``.  One stock
-    model at a time.  None when no point has hashes (e.g. out of memory at N = 1)."""
-    import torch
+    model at a time here; ``run_jobs`` (``[(session, chunks)]`` -> their
+    ``stock_prefixes``, in order) runs them elsewhere, e.g. ``check.in_processes``.
+    None when no point has hashes (e.g. out of memory at N = 1)."""
     counts = [p["chunks_per_session"] for p in points if "chunks_per_session" in p]
     if not counts:
         return None
-    prefixes = []
-    for i in range(max(len(c) for c in counts)):
-        upto = max(c[i] for c in counts if len(c) > i)
-        if say:
-            say(f"exactness: session {i + 1}, {upto} chunks on a stock model alone")
-        tail = make_stock(i)
-        tail.set_stream_cache(*make_prompt(i))
-        feed, h = TokenFeed(cfg.seed, i, tokens), hashlib.sha256()
-        seen = {0: h.hexdigest()}
-        for k in range(upto):
-            torch.manual_seed(chunk_seed(cfg.seed, i, k))
-            h.update(tail.stream(feed.chunk(k)))
-            seen[k + 1] = h.copy().hexdigest()
-        prefixes.append(seen)
-        del tail
+    jobs = [(i, max(c[i] for c in counts if len(c) > i)) for i in range(max(len(c) for c in counts))]
+    if run_jobs is not None:
+        prefixes = run_jobs(jobs)
+    else:
+        prefixes = []
+        for i, upto in jobs:
+            if say:
+                say(f"exactness: session {i + 1}, {upto} chunks on a stock model alone")
+            prefixes.append(stock_prefixes(make_stock(i), make_prompt(i), cfg, tokens, i, upto))
     for p in points:
         if "pcm_sha256" in p:
             p["exact"] = all(prefixes[i][c] == hx
@@ -377,11 +405,14 @@ def check_sweep(points: list[dict[str, Any]], make_stock: Callable[[int], Any], 
 def serve_sim_report(*, make_optimized: Callable[[], Any], make_stock: Callable[[int], Any],
                      make_prompt: Callable[[int], tuple], hooks: ServeHooks, device, cfg: SimConfig,
                      sessions: int, modes: Sequence[str] = MODES, sweep_to: int | None = None, overlap: bool = False,
-                     meta: dict[str, Any] | None = None, say=None, check_exact: bool = True) -> dict[str, Any]:
+                     meta: dict[str, Any] | None = None, say=None, check_exact: bool = True,
+                     points: Sequence[int] | None = None,
+                     run_jobs: Callable[[list[tuple[int, int]]], list[dict[int, str]]] | None = None) -> dict[str, Any]:
     """The serve-sim report: a fixed-N run of each mode, or (``sweep_to``) a sweep of each.
 
-    Sweeping, ``exact`` is ``check_sweep`` of the optimized sweep (every session against
-    its own stock stream at every N) when ``make_stock`` is given and ``check_exact``.
+    Sweeping (at ``points``, else every N), ``exact`` is ``check_sweep`` of the optimized
+    sweep (every session against its own stock stream at every N; ``run_jobs`` as there)
+    when ``make_stock`` is given and ``check_exact``.
 
     Optimized runs first, stock second (each mode's memory freed before the next).
     ``exact``: every session's PCM SHA-256 equal between the modes (fixed-N runs with
@@ -396,11 +427,13 @@ def serve_sim_report(*, make_optimized: Callable[[], Any], make_stock: Callable[
                               "overlap": overlap}
     order = [m for m in ("optimized", "stock") if m in modes]
     if sweep_to:
-        report["sweep"] = {m: sweep(m, factories[m], make_prompt, cfg, device, tokens, sweep_to, say) for m in order}
+        report["sweep"] = {m: sweep(m, factories[m], make_prompt, cfg, device, tokens, sweep_to, say, points)
+                           for m in order}
         report["max_sessions_holding_cadence"] = {m: largest_holding(p) for m, p in report["sweep"].items()}
         report["exact"] = None
         if check_exact and make_stock is not None and "optimized" in report["sweep"]:
-            report["exact"] = check_sweep(report["sweep"]["optimized"], make_stock, make_prompt, cfg, tokens, say)
+            report["exact"] = check_sweep(report["sweep"]["optimized"], make_stock, make_prompt, cfg, tokens, say,
+                                          run_jobs)
         return report
     report["sessions"] = sessions
     report["modes"] = {}
