@@ -184,12 +184,16 @@ class CapturedRegion(torch.nn.Module):
         for s, a in zip(self.static_in, args):
             if s is not None:
                 s.copy_(a)
+        self.launch()
+        self.replays += 1
+        return self.static_out
+
+    def launch(self) -> None:
+        """Replay the graph on its static buffers (drawing from ``rng``'s state if set)."""
         if self.rng is not None:
             self.rng.replay(self.graph)
         else:
             self.graph.replay()
-        self.replays += 1
-        return self.static_out
 
 
 def capture_entry(parent: torch.fx.GraphModule, args: Sequence[Any], pool, arena_ptr: int,
@@ -197,9 +201,12 @@ def capture_entry(parent: torch.fx.GraphModule, args: Sequence[Any], pool, arena
     """Warm up and capture every ``CapturedRegion`` of one entry's graph, in order.
 
     Runs the entry once eagerly on the side ``stream`` (a new one if None),
-    capturing each region right after warming it up on its live arguments.  This
-    mutates the arena and draws from the generators: the caller forks the
-    generators and resets the arena.  Returns ``{region: reason}`` for regions
+    capturing each region right after warming it up on its live arguments, and
+    launching its graph once: a graph's first launch uploads it to the device (for a
+    Token2Wav chunk of thousands of kernels that is milliseconds; a sweep that opened
+    16 sessions at once paid it in the next two timed ticks).  This mutates the arena
+    and draws from the generators: the caller forks the generators and resets the
+    arena.  Returns ``{region: reason}`` for regions
     whose capture failed (they stay eager).
 
     The library workspaces the captured kernels use (cuBLAS: 32 MiB per stream under
@@ -220,6 +227,7 @@ def capture_entry(parent: torch.fx.GraphModule, args: Sequence[Any], pool, arena
             torch.cuda.synchronize()
             try:
                 mod.capture(args_, pool, stream, arena_ptr)
+                mod.launch()  # the first launch uploads the graph: here, not in the session's first chunks
             except CaptureFailed as e:  # mod.graph stays None: every call runs the piece, counted
                 failed[mod.name] = str(e)
             torch.cuda.synchronize()
