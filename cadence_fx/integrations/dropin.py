@@ -19,6 +19,7 @@ import torch
 from ..adapter import StreamingAdapter
 from ..compiler import check_rules, compile_executable, open_session
 from ..errors import RulesError
+from .frames import FrameSession
 from ..programs import ProgramStore, open_disk_cache
 from ..runtime.variants import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, DEFAULT_POLICY, check_policy
 from ..step import Rules
@@ -124,3 +125,24 @@ class OneExecutableDropIn(DropIn):
     def reset(self) -> None:
         """A new stream: a fresh arena (graphs captured on it under SR/SRc) holding the setup state."""
         self._replace_session(open_session(self.executable, self.adapter))
+
+    def open_session(self, *, stream=None) -> FrameSession:
+        """Another stream on these weights, beside the default one (``FrameSession``).
+
+        ``stream`` (CUDA only; ignored on CPU): the ``torch.cuda.Stream`` its frames are
+        launched on, so several sessions' replays may overlap (``FrameSession.submit``).
+        Rules R/Rc replay over the stock model's own buffers, which every stream
+        shares: open sessions under S, SR or SRc."""
+        if not self.stable_state:
+            raise RulesError(f"open_session: rules {self.rules} keep the stream's state in the stock model's own "
+                             f"buffers, one stream at a time; use rules S, SR or SRc for several sessions")
+        self._opened = getattr(self, "_opened", 0) + 1
+        return FrameSession(open_session(self.executable, self.adapter), self.family, self._frame, self._step_on,
+                            self.device, stream=stream, name=f"session {self._opened}")
+
+    def _decode(self, frame: torch.Tensor) -> torch.Tensor:
+        return self._step_on(self.session, frame)
+
+    def _step_on(self, session, frame: torch.Tensor) -> torch.Tensor:
+        """One step of ``session`` on one frame tensor: the speech (the family names its I/O)."""
+        raise NotImplementedError

@@ -1,20 +1,24 @@
-"""What a decoder hands back per call, and the stream of a frame codec.
+"""What a decoder hands back per call, and the streams of a frame codec.
 
 ``speech_out`` is the one conversion every family's ``stream`` ends with: the float
 waveform [1, samples] as a numpy array, or upstream's int16 PCM bytes
-(``cadence_fx.pcm.pcm_bytes``).  ``FrameStream`` is the ``stream`` of a codec decoder
-that takes one frame per call and has no flush step (Mimi: 8 codes; VibeVoice: one
-latent), shared by the stock and the optimized decoder of that family.
+(``cadence_fx.pcm.pcm_bytes``).  ``PendingChunk`` is a submitted chunk or frame whose
+speech may still be computing on its session's CUDA stream.  ``FrameStream`` is the
+``stream`` of a codec decoder that takes one frame per call and has no flush step
+(Mimi: 8 codes; VibeVoice: one latent), shared by the stock and the optimized decoder
+of that family; ``FrameSession`` is one more stream on an optimized frame decoder's
+weights (``open_session``), which can run on a CUDA stream of its own.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
-from ..errors import InputError
+from ..errors import InputError, SessionClosed
 from ..pcm import pcm_bytes
 
 
@@ -38,3 +42,119 @@ class FrameStream:
                              f"send every frame with last_chunk=False")
         self.last_speech = self._decode(self._frame(frame))
         return speech_out(self.last_speech, return_waveform)
+
+
+def on_stream(stream):
+    """``torch.cuda.stream(stream)``, or nothing for None (CPU, or no stream given)."""
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+
+class PendingChunk:
+    """One submitted chunk: its speech is on the device, maybe still being computed."""
+
+    def __init__(self, speech: torch.Tensor, stream):
+        self.speech, self._stream = speech, stream
+
+    def result(self, return_waveform: bool = False):
+        """Wait for the chunk (its own CUDA stream only) and return PCM bytes or the waveform."""
+        with on_stream(self._stream):
+            return speech_out(self.speech, return_waveform)
+
+
+class FrameSession(FrameStream):
+    """One stream of an optimized frame decoder (``OptimizedMimi``/``OptimizedVibeVoice``
+    ``.open_session()``): its own arena, graphs and counters on the shared weights.
+
+    ``stream(frame)`` as the drop-in's; ``submit(frame)`` launches on this session's CUDA
+    stream (``stream=``) and returns a ``PendingChunk`` without waiting, so several
+    sessions' replays overlap; ``reset()`` starts a new stream from the state it was
+    opened with (a device copy into the same arena: graphs stay valid);
+    ``snapshot()``/``restore()``, ``state()``, ``stats()``, ``close()``.  Frame codecs
+    draw no random numbers.
+    """
+
+    def __init__(self, session, family: str, to_frame: Callable[[Any], torch.Tensor],
+                 step: Callable[[Any, torch.Tensor], torch.Tensor], device: torch.device,
+                 stream=None, name: str = "session"):
+        self.session, self.family, self.device, self.name = session, family, device, name
+        self._to_frame, self._step = to_frame, step
+        self.cuda_stream = stream if device.type == "cuda" else None
+        if self.cuda_stream is not None:
+            self.cuda_stream.wait_stream(torch.cuda.current_stream(device))  # setup ran on the current stream
+        self.last_speech: torch.Tensor | None = None
+        self._final_stats: dict | None = None
+        self._start = session.snapshot()  # what reset() restores
+
+    @property
+    def closed(self) -> bool:
+        return self.session is None
+
+    def _frame(self, value) -> torch.Tensor:
+        return self._to_frame(value)
+
+    @torch.inference_mode()
+    def submit_tensor(self, frame: torch.Tensor) -> torch.Tensor:
+        self._check_open("stream")
+        with on_stream(self.cuda_stream):
+            self.last_speech = self._step(self.session, frame)
+        return self.last_speech
+
+    def submit(self, frame: Any, last_chunk: bool = False) -> PendingChunk:
+        """Launch one frame on this session's stream (CUDA) and return without waiting.
+        The frame is checked on the host first: a bad one launches nothing."""
+        self._check_open("submit")
+        if last_chunk:
+            raise InputError(f"last_chunk=True: {self.family} has no flush step (every frame is one decode); "
+                             f"send every frame with last_chunk=False")
+        return PendingChunk(self.submit_tensor(self._frame(frame)), self.cuda_stream)
+
+    def stream(self, frame: Any, last_chunk: bool = False, return_waveform: bool = False):
+        return self.submit(frame, last_chunk).result(return_waveform)
+
+    @torch.inference_mode()
+    def reset(self) -> None:
+        """A new stream on this session: the state it was opened with, in place."""
+        self._check_open("reset")
+        with on_stream(self.cuda_stream):
+            self.session.restore(self._start)
+        self.last_speech = None
+
+    def snapshot(self):
+        self._check_open("snapshot")
+        with on_stream(self.cuda_stream):
+            return self.session.snapshot()
+
+    def restore(self, snapshot) -> None:
+        self._check_open("restore")
+        with on_stream(self.cuda_stream):
+            self.session.restore(snapshot)
+        self.last_speech = None
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """Live views of the carried regions (no copies)."""
+        self._check_open("state")
+        return self.session.state()
+
+    def stats(self) -> dict:
+        return self._final_stats if self.session is None else self.session.stats()
+
+    @property
+    def arena_bytes(self) -> int:
+        return 0 if self.session is None else self.session.state_bytes
+
+    def close(self) -> None:
+        """Release the arena and graphs (once nothing else holds them); idempotent."""
+        if self.session is not None:
+            if self.cuda_stream is not None:
+                self.cuda_stream.synchronize()
+            self._final_stats = self.session.stats()
+            self.session.close()
+            self.session, self.last_speech, self._start = None, None, None
+
+    def _check_open(self, what: str) -> None:
+        if self.session is None:
+            raise SessionClosed(f"{self.name} is closed (close() was called): {what}() needs an open session; "
+                                f"open a new one with open_session()")
+
+    def __repr__(self) -> str:
+        return f"FrameSession({self.family}, {self.name!r}, closed={self.closed})"

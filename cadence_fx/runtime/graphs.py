@@ -203,8 +203,8 @@ def capture_entry(parent: torch.fx.GraphModule, args: Sequence[Any], pool, arena
     Runs the entry once eagerly on the side ``stream`` (a new one if None),
     capturing each region right after warming it up on its live arguments, and
     launching its graph once: a graph's first launch uploads it to the device (for a
-    Token2Wav chunk of thousands of kernels that is milliseconds; a sweep that opened
-    16 sessions at once paid it in the next two timed ticks).  This mutates the arena
+    graph of thousands of kernels, milliseconds; a sweep that opened 16 sessions at
+    once paid it in the next two timed ticks).  This mutates the arena
     and draws from the generators: the caller forks the generators and resets the
     arena.  Returns ``{region: reason}`` for regions
     whose capture failed (they stay eager).

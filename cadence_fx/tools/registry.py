@@ -30,15 +30,16 @@ class TokenChunks:
 
 @dataclasses.dataclass(frozen=True)
 class ServeHooks:
-    """What ``serve-sim`` and ``soak`` need beyond a ``ModelSpec``: the token feed, a
-    session's prompt, the optimized model's weight bytes, and a stock model loaded with
-    (a copy of) a session's state, or emptied again."""
+    """What ``serve-sim`` and ``soak`` need beyond a ``ModelSpec``: the token feed (a
+    chunk's tokens, or a frame's codes), a session's prompt (None: the model takes none),
+    the optimized model's weight bytes, and (``soak`` only; None where it does not run)
+    a stock model loaded with (a copy of) a session's state, or emptied again."""
 
     tokens: Callable[[], TokenChunks]
-    prompt: Callable[[Any, int, Any], tuple]  # (args, session index, device) -> prompt
+    prompt: Callable[[Any, int, Any], tuple | None]  # (args, session index, device) -> prompt
     weights_bytes: Callable[[Any], int]
-    load_stock_state: Callable[[Any, Any], None]  # (stock, session)
-    clear_stock_state: Callable[[Any], None]
+    load_stock_state: Callable[[Any, Any], None] | None  # (stock, session)
+    clear_stock_state: Callable[[Any], None] | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,6 +240,15 @@ def _mimi_chunks(args, n, final):
     return mm.synthetic_codes(n, args.seed)
 
 
+def _mimi_tokens() -> TokenChunks:
+    from ..integrations import moshi as mm
+    return TokenChunks(mm.CARDINALITY, mm.N_Q, 0)  # a frame: 8 codes, no lookahead
+
+
+def _mimi_weights(model) -> int:
+    return sum(p.nbytes for p in model.mimi.parameters())
+
+
 def _mimi_describe(args):
     from ..integrations import moshi as mm
     return f"Mimi decoder (moshi {mm.UPSTREAM_VERSION}), released config, seeded random weights"
@@ -285,7 +295,8 @@ register(ModelSpec(
 register(ModelSpec(
     # Mimi as moshi runs it (fp32); a frame: 8 codes -> 1,920 samples (80 ms)
     "mimi", ("float32",), "frame", 0.08, 24000, _mimi_build, _mimi_explain, _mimi_chunks, _reset,
-    _own_executable, _mimi_describe, bench=MimiBench))
+    _own_executable, _mimi_describe, bench=MimiBench,
+    serve=ServeHooks(_mimi_tokens, lambda args, i, device: None, _mimi_weights, None, None)))
 register(ModelSpec(
     # VibeVoice's decoder in any dtype (VibeVoice itself runs bfloat16); a latent frame -> 3,200 samples
     "vibevoice", ("float32", "float16", "bfloat16"), "frame", 3200 / 24000, 24000, _vibevoice_build,

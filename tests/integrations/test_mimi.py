@@ -20,7 +20,7 @@ from cadence_fx import InputError
 from cadence_fx.tools import cli
 from cadence_fx.compiler import build_plan
 from cadence_fx.integrations.upstream import installed_version, module_constants
-from cadence_fx.lockstep import compare_streams
+from cadence_fx.lockstep import compare_streams, live_extent
 
 from helpers.marks import cuda, keep_report
 
@@ -101,6 +101,60 @@ def test_rule_s_is_exact_past_the_ring_wrap(mm, optimized):
 
 
 @needs_moshi
+def test_sessions_on_one_model_each_stream_exactly_as_alone(mm, optimized):
+    """``open_session()``: two more streams on the optimized model's weights, interleaved
+    frame by frame, each exact (waveform, PCM, every state tensor) against a stock
+    decoder streaming it alone; ``reset()`` starts a session over; bad use is refused."""
+    from cadence_fx.errors import InputError, SessionClosed
+    from cadence_fx.lockstep import compare_streams
+    stock, opt = optimized
+    other = mm.MimiDecoder(mm.build_mimi(seed=0))
+    stock.reset()
+    a, b = opt.open_session(), opt.open_session()
+    codes = {0: mm.synthetic_codes(5, seed=71), 1: mm.synthetic_codes(5, seed=72)}
+    pairs = {0: (stock, a), 1: (other, b)}
+    cpu = torch.device("cpu")
+    for k in range(5):
+        for s in (0, 1):
+            report = compare_streams(*pairs[s], codes[s][k:k + 1], cpu)
+            assert report["exact"], (s, k, report["mismatches"])
+    assert a.session.arena.storage.data_ptr() != b.session.arena.storage.data_ptr() != opt.session.arena.storage.data_ptr()
+    assert a.stats()["steps"] == 5 and a.stats()["fallback_total"] == 0
+    a.reset()
+    stock.reset()
+    assert compare_streams(stock, a, codes[0][:2], cpu)["exact"]
+    with pytest.raises(InputError, match="no flush step"):
+        a.submit(codes[0][0][0], last_chunk=True)
+    a.close()
+    a.close()
+    with pytest.raises(SessionClosed, match="session .* is closed"):
+        a.stream(codes[0][0][0])
+    assert a.stats()["steps"] == 7 and b.stats()["steps"] == 5
+    b.close()
+
+
+@needs_moshi
+def test_serve_sim_runs_mimi_sessions_each_exact_against_its_own_stock_decoder(mm, capsys):
+    """``serve-sim --model mimi``: a tick is one 80 ms frame per session; N optimized
+    sessions on one model against one stock decoder per session, PCM equal per session;
+    a sweep checks every session at every N against a stock decoder streaming it alone."""
+    code = cli.main(["serve-sim", "--model", "mimi", "--sessions", "2", "--seconds", "2", "--warmup-ticks", "0",
+                     "--json"])
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == 0 and report["exact"] is True and report["exact_sessions"] == [True, True]
+    assert report["budget_ms"] == 80.0 and report["unit"] == "frame" and "prompt_tokens" not in report
+    opt = report["modes"]["optimized"]
+    assert opt["chunks"] == 4 and opt["fallbacks"] == {} and [s["steps"] for s in opt["stats"]] == [2, 2]
+    assert opt["weights_bytes"] > opt["arena_bytes_per_session"] > 0
+    code = cli.main(["serve-sim", "--model", "mimi", "--modes", "optimized", "--sweep", "--sweep-points", "1,3",
+                     "--max-sessions", "3", "--seconds", "1", "--warmup-ticks", "0", "--json"])
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    points = report["sweep"]["optimized"]
+    assert code == 0 and report["exact"] is True and all(p["exact"] for p in points if "exact" in p)
+    assert points[0]["chunks_per_session"] == [1]
+
+
+@needs_moshi
 def test_rewritten_step_holds_no_undeclared_state(optimized):
     stock, opt = optimized
     exe = opt.executable
@@ -161,3 +215,39 @@ def test_rules_are_exact_on_cuda_past_the_ring_wrap(capsys, rules):
     report = json.loads(line)
     assert code == 0 and report["exact"], report["mismatches"]
     assert report["fallbacks"] == 0
+
+
+@needs_moshi
+@cuda
+def test_sessions_overlapped_on_their_own_streams_are_exact_on_cuda(mm):
+    """Four SRc Mimi sessions, each on its own CUDA stream, every frame submitted for all
+    four before any is read: each waveform and state equals a stock decoder streaming
+    that session alone (deterministic protocol)."""
+    import cadence_fx
+    from cadence_fx.lockstep import deterministic_protocol
+    deterministic_protocol()
+    stock = mm.MimiDecoder(mm.build_mimi(seed=0).cuda())
+    opt = cadence_fx.optimize(stock, rules="SRc")
+    n, frames = 4, 6
+    codes = {s: mm.synthetic_codes(frames, seed=80 + s) for s in range(n)}
+    want = {}
+    for s in range(n):
+        stock.reset()
+        want[s] = []
+        for c, _ in codes[s]:
+            stock.stream(c)
+            want[s].append((stock.last_speech.clone(), {k: v.clone() for k, v in stock.state().items()}))
+    sessions = [opt.open_session(stream=torch.cuda.Stream()) for _ in range(n)]
+    for k in range(frames):
+        pending = [sess.submit(codes[s][k][0]) for s, sess in enumerate(sessions)]
+        for p in pending:
+            p.result()
+        for s, sess in enumerate(sessions):
+            speech, state = want[s][k]
+            assert torch.equal(sess.last_speech, speech), f"session {s} frame {k}: waveform differs from stock"
+            live = sess.state()
+            for name, t in state.items():
+                assert torch.equal(live_extent(t, live[name]), live[name]), f"session {s} frame {k}: state {name}"
+    for sess in sessions:
+        assert sess.stats()["fallback_total"] == 0 and sess.stats()["replays"] == {"0": frames}, sess.stats()
+        sess.close()

@@ -24,5 +24,5 @@ class OptimizedMimi(MimiStream, OneExecutableDropIn):
         self.mimi = streaming_twin(decoder.mimi)  # after the stock's warm-up: shares its _embedding
         self._compile(MimiAdapter(self.mimi, decoder.device))
 
-    def _decode(self, codes: torch.Tensor) -> torch.Tensor:
-        return self.session.step({"codes": codes})["pcm"]
+    def _step_on(self, session, codes: torch.Tensor) -> torch.Tensor:
+        return session.step({"codes": codes})["pcm"]

@@ -6,26 +6,12 @@
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 from ...errors import InputError, SessionClosed
 from ...runtime.snapshot import SessionSnapshot
-from ..frames import speech_out
+from ..frames import PendingChunk, on_stream as _on_stream, speech_out
 from .inputs import check_chunk, tokens_tensor
-
-
-class PendingChunk:
-    """One submitted chunk: its speech is on the device, maybe still being computed."""
-
-    def __init__(self, speech: torch.Tensor, stream):
-        self.speech, self._stream = speech, stream
-
-    def result(self, return_waveform: bool = False):
-        """Wait for the chunk (its own CUDA stream only) and return PCM bytes or the waveform."""
-        with _on_stream(self._stream):
-            return speech_out(self.speech, return_waveform)
 
 
 class Token2WavSession:
@@ -144,10 +130,6 @@ class Token2WavSession:
 
     def __repr__(self) -> str:
         return f"Token2WavSession({self.name!r}, prompt_frames={self.prompt_frames}, closed={self.closed})"
-
-
-def _on_stream(stream):
-    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
 
 
 def step_chunk(session, spk: torch.Tensor, device, tokens, last_chunk: bool) -> torch.Tensor:

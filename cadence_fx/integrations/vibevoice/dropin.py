@@ -29,5 +29,5 @@ class OptimizedVibeVoice(VibeVoiceStream, OneExecutableDropIn):
     def dtype(self) -> torch.dtype:
         return self.adapter.dtype
 
-    def _decode(self, latent: torch.Tensor) -> torch.Tensor:
-        return self.session.step({"latent": latent})["audio"]
+    def _step_on(self, session, latent: torch.Tensor) -> torch.Tensor:
+        return session.step({"latent": latent})["audio"]

@@ -60,12 +60,13 @@ def cmd_serve_sim(args) -> int:
     def make_stock(i):  # its own weights and buffers, as upstream serves one stream per model
         return spec.build(args)[0]
 
-    meta = {"model": args.model, "rules": args.rules, "dtype": args.dtype, "n_timesteps": args.n_timesteps,
-            "prompt_tokens": args.prompt_tokens, "torch": torch.__version__,
+    meta = {"model": args.model, "rules": args.rules, "dtype": args.dtype, **spec.config(args),
+            "unit": spec.unit, "unit_seconds": spec.unit_seconds, "torch": torch.__version__,
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
             "stock_layout": "one stock model per session: its own weights and fixed state buffers",
             "sweep_points": points, "check_workers": args.check_workers}
-    cfg = SimConfig(args.seconds, args.mix, args.seed, args.warmup_ticks)
+    # a tick is one chunk (Token2Wav: 1 s) or frame (Mimi: 80 ms) of audio: its budget
+    cfg = SimConfig(args.seconds, args.mix, args.seed, args.warmup_ticks, budget_ms=1000.0 * spec.unit_seconds)
     report = serve_sim_report(make_optimized=make_optimized, make_stock=make_stock,
                               make_prompt=lambda i: spec.serve.prompt(args, i, device), hooks=spec.serve,
                               device=device, cfg=cfg,
@@ -140,7 +141,8 @@ def cmd_soak(args) -> int:
 
 
 def add_serve_args(p: argparse.ArgumentParser, *, soak_cmd: bool = False) -> None:
-    p.add_argument("--model", choices=registry.names(lambda s: s.serve), default=registry.DEFAULT_MODEL)
+    p.add_argument("--model", default=registry.DEFAULT_MODEL,
+                   choices=registry.names(lambda s: s.serve and (not soak_cmd or s.serve.load_stock_state)))
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--rules", default="auto", help="optimized rules; auto: SRc on CUDA, S on CPU")
     p.add_argument("--prompt-tokens", type=int, default=50)
@@ -155,7 +157,8 @@ def add_serve_args(p: argparse.ArgumentParser, *, soak_cmd: bool = False) -> Non
         p.add_argument("--check-every", type=int, default=100, help="chunks between checkpoints")
         return
     p.add_argument("--sessions", type=int, default=4, help="concurrent sessions N (fixed-N run)")
-    p.add_argument("--seconds", type=int, default=10, help="timed ticks (1 s of audio each) per run or per N")
+    p.add_argument("--seconds", type=int, default=10,
+                   help="timed ticks per run or per N (a tick: one chunk or frame of audio per speaking session)")
     p.add_argument("--warmup-ticks", type=int, default=1, help="untimed ticks first (first-call costs)")
     p.add_argument("--mix", choices=MIXES, default="speak-heavy",
                    help="speak-heavy: every session speaks every tick; mixed: each speaks with p = 0.5 (seeded)")

@@ -1,8 +1,8 @@
-"""``serve-sim``: N conversations on a virtual clock of 1 s ticks, stock against optimized.
+"""``serve-sim``: N conversations on a virtual clock of ticks, stock against optimized.
 
-Every tick, each *speaking* session turns its next chunk into 1 s of PCM; a tick's
-wall time (its SPEAK time) must stay under the 1 s budget or the tick misses its
-deadline.  Nothing sleeps: a tick's SPEAK time is measured and compared with the budget.
+Every tick, each *speaking* session turns its next chunk into PCM (Token2Wav: 1 s;
+Mimi: one 80 ms frame); a tick's wall time (its SPEAK time) must stay under the
+audio it makes (``SimConfig.budget_ms``) or the tick misses its deadline.  Nothing sleeps: a tick's SPEAK time is measured and compared with the budget.
 ``stock`` runs one stock model per session (its own weights and state buffers, as
 upstream serves one stream per model); ``optimized`` one optimized model with N
 sessions.  Before chunk ``k`` of session ``i`` both seed ``chunk_seed(seed, i, k)``, so
@@ -24,7 +24,7 @@ from ...runtime.counters import sum_setup
 from ..bench.stats import percentile
 from ..registry import ServeHooks, TokenChunks
 
-CHUNK_SECONDS = 1.0  # 25 tokens at 25 Hz -> 50 mel frames -> 24,000 samples
+CHUNK_SECONDS = 1.0  # Token2Wav: 25 tokens at 25 Hz -> 50 mel frames -> 24,000 samples (the default budget)
 MIXES = ("speak-heavy", "mixed")
 MODES = ("stock", "optimized")
 
@@ -32,6 +32,14 @@ MODES = ("stock", "optimized")
 def chunk_seed(seed: int, session: int, chunk: int) -> int:
     """The generator seed set before chunk ``chunk`` of session ``session`` (both modes)."""
     return (seed * 1_000_003 + session * 100_003 + chunk) % (2 ** 62)
+
+
+def start_stock(tail, prompt) -> None:
+    """A new stream on a stock model: its prompt set up (Token2Wav), or reset (a frame codec)."""
+    if prompt is None:
+        tail.reset()
+    else:
+        tail.set_stream_cache(*prompt)
 
 
 class TokenFeed:
@@ -123,7 +131,7 @@ class StockStreams:
 
     def open(self, i: int, prompt) -> None:
         tail = self.make_stock(i)
-        tail.set_stream_cache(*prompt)
+        start_stock(tail, prompt)
         self.tails.append(tail)
 
     def run_tick(self, work: list[tuple[int, list[int], int]]) -> list[bytes]:
@@ -153,7 +161,7 @@ class OptimizedStreams:
     def open(self, i: int, prompt) -> None:
         import torch
         stream = torch.cuda.Stream(self.model.device) if self.overlap and self.model.device.type == "cuda" else None
-        self.sessions.append(self.model.open_session(*prompt, stream=stream))
+        self.sessions.append(self.model.open_session(*(prompt or ()), stream=stream))
 
     def run_tick(self, work: list[tuple[int, list[int], int]]) -> list[bytes]:
         import torch
@@ -362,7 +370,7 @@ def stock_prefixes(tail, prompt: tuple, cfg: SimConfig, tokens: TokenChunks, ses
     """Session ``session`` alone on the stock model ``tail``: its PCM hash after each of its
     first ``upto`` chunks (its prompt, its chunks and their seeds), keyed by chunk count."""
     import torch
-    tail.set_stream_cache(*prompt)
+    start_stock(tail, prompt)
     feed, h = TokenFeed(cfg.seed, session, tokens), hashlib.sha256()
     seen = {0: h.hexdigest()}
     for k in range(upto):
