@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable, Sequence
 
 from ..errors import CadenceError, InputError
+from .tick import run_tick
 
 
 class PoolFull(CadenceError, RuntimeError):
@@ -57,3 +58,9 @@ class SessionPool:
         session.device_index = idx
         self._open[idx].append(session)
         return session
+
+    def tick(self, work: Sequence[tuple], before_submit: Callable[[int], None] | None = None,
+             return_waveform: bool = False) -> list[Any]:
+        """``run_tick`` over this pool's sessions: every chunk launched (each session on its
+        own stream and device), then collected."""
+        return run_tick(work, before_submit, return_waveform)

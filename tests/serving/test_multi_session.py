@@ -383,3 +383,33 @@ def test_sessions_overlapped_on_their_own_streams_replay_exactly_as_alone_on_cud
         assert st["fallback_total"] == 0 and st["replays"] == {"0": 1, "1": 1, "2": 2}, st
         assert st["graph_rng"] == "session"
         session.close()
+
+
+def test_run_tick_launches_every_chunk_then_collects_and_a_refused_one_loses_nothing(t2w):
+    """``serving.run_tick``: each chunk exact against its stream alone on stock; a chunk
+    refused at submit (bad tokens) leaves its session as it was, the others still run
+    and are returned in ``TickError.results``."""
+    import numpy as np
+
+    from cadence_fx.serving import SessionPool, TickError, run_tick
+    prompts = {5: s2.synthetic_prompt(5, seed=6), 6: s2.synthetic_prompt(5, seed=7)}
+    chunks = {s: s2.synthetic_chunks(2, seed=60 + s) for s in prompts}
+    refs = {s: reference(t2w.tail, prompts[s], chunks[s], s) for s in prompts}
+    sessions = {s: t2w.opt.open_session(*prompts[s]) for s in prompts}
+    order = [5, 6]
+    out = run_tick([(sessions[s], chunks[s][0][0]) for s in order], return_waveform=True,
+                   before_submit=lambda n: torch.manual_seed(seed_of(order[n], 0)))
+    for s, wave in zip(order, out):
+        assert_chunk_exact(refs[s], 0, sessions[s].last_speech, sessions[s].state(), f"session {s} chunk 0")
+        assert np.array_equal(wave, sessions[s].last_speech.numpy())
+    before = snapshot(sessions[5])
+    pool = SessionPool([t2w.opt])
+    with pytest.raises(TickError, match=r"1 of 2 chunks .* chunk 0: InputError: speech tokens must be ints") as e:
+        pool.tick([(sessions[5], [6561] * 28), (sessions[6], chunks[6][1][0], False)],
+                  before_submit=lambda n: torch.manual_seed(seed_of(6, 1)))
+    assert list(e.value.errors) == [0] and isinstance(e.value.errors[0], cadence_fx.InputError)
+    assert e.value.results[0] is None and isinstance(e.value.results[1], bytes)
+    assert_chunk_exact(refs[6], 1, sessions[6].last_speech, sessions[6].state(), "session 6 chunk 1")
+    assert_unchanged(before, [sessions[5]])
+    for s in sessions.values():
+        s.close()

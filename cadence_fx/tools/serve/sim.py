@@ -171,11 +171,10 @@ class OptimizedStreams:
                 torch.manual_seed(seed)
                 out.append(self.sessions[i].stream(tokens))
             return out
-        pending = []
-        for i, tokens, seed in work:  # launch every session's chunk, then wait for each
-            torch.manual_seed(seed)  # read on the host at launch: the draws do not depend on overlap
-            pending.append(self.sessions[i].submit(tokens))
-        return [p.result() for p in pending]
+        from ...serving import run_tick  # launch every session's chunk, then wait for each
+        # seeded right before each launch (read on the host then): the draws do not depend on overlap
+        return run_tick([(self.sessions[i], tokens) for i, tokens, _ in work],
+                        before_submit=lambda n: torch.manual_seed(work[n][2]))
 
     def report(self) -> dict[str, Any]:
         fallbacks: dict[str, int] = {}
