@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import types
 
 import pytest
 import torch
@@ -39,9 +40,19 @@ def test_speaking_schedule_and_helpers():
     assert feed.take() == (0, c0) and feed.take() == (1, c1)
 
 
+def test_device_time_is_the_sum_and_the_union_of_the_kernels_intervals():
+    ev = lambda s, e: types.SimpleNamespace(time_range=types.SimpleNamespace(start=s, end=e))  # noqa: E731 (us)
+    # two kernels overlapping 1-3 and 2-5 ms, one alone at 7-8, and an empty one
+    out = sim.device_time([ev(2000, 5000), ev(1000, 3000), ev(7000, 8000), ev(9000, 9000)])
+    assert out == {"device_ops": 3, "kernel_ms": 6.0, "gpu_busy_ms": 5.0, "concurrency": 1.2}
+    assert sim.device_time([]) == {"device_ops": 0, "kernel_ms": 0.0, "gpu_busy_ms": 0.0, "concurrency": None}
+
+
 def test_serve_sim_cli_arguments():
     with pytest.raises(SystemExit, match="--overlap launches sessions on their own CUDA streams"):
         cli.main(["serve-sim", "--device", "cpu", "--overlap"])
+    with pytest.raises(SystemExit, match="--profile reads the GPU's kernel times"):
+        cli.main(["serve-sim", "--device", "cpu", "--profile"])
     with pytest.raises(SystemExit, match="--modes: choose from stock,optimized"):
         cli.main(["serve-sim", "--modes", "fast"])
     with pytest.raises(SystemExit) as e:

@@ -66,7 +66,10 @@ def cmd_serve_sim(args) -> int:
             "stock_layout": "one stock model per session: its own weights and fixed state buffers",
             "sweep_points": points, "check_workers": args.check_workers}
     # a tick is one chunk (Token2Wav: 1 s) or frame (Mimi: 80 ms) of audio: its budget
-    cfg = SimConfig(args.seconds, args.mix, args.seed, args.warmup_ticks, budget_ms=1000.0 * spec.unit_seconds)
+    cfg = SimConfig(args.seconds, args.mix, args.seed, args.warmup_ticks, budget_ms=1000.0 * spec.unit_seconds,
+                    profile=args.profile)
+    if args.profile and device.type != "cuda":
+        raise SystemExit("--profile reads the GPU's kernel times from torch.profiler: it needs --device cuda")
     report = serve_sim_report(make_optimized=make_optimized, make_stock=make_stock,
                               make_prompt=lambda i: spec.serve.prompt(args, i, device), hooks=spec.serve,
                               device=device, cfg=cfg,
@@ -98,6 +101,14 @@ def _speak(r: dict[str, Any], misses: str) -> str:
             f"peak {'n/a' if peak is None else f'{peak / 2 ** 20:,.0f} MiB'}")
 
 
+def _profiled(r: dict[str, Any]) -> str:
+    pr = r.get("profile")
+    if not pr:
+        return ""
+    return (f"; profiled tick: kernels {pr['kernel_ms']} ms, GPU busy {pr['gpu_busy_ms']} of {pr['tick_ms']} ms, "
+            f"{pr['concurrency']} at once")
+
+
 def _format_serve(report: dict[str, Any]) -> str:
     lines = [f"serve-sim {report['model']} on {report['device']}, rules {report['rules']}, {report['mix']}, "
              f"budget {report['budget_ms']:.0f} ms per tick"]
@@ -105,13 +116,13 @@ def _format_serve(report: dict[str, Any]) -> str:
         for mode, points in report["sweep"].items():
             for p in points:
                 lines.append(f"  {mode:>9} N={p['sessions']:>3}: {p['status']:<5} {_speak(p, p.get('deadline_misses'))}"
-                             + ("" if "exact" not in p else f", exact {p['exact']}"))
+                             + ("" if "exact" not in p else f", exact {p['exact']}") + _profiled(p))
         lines.append(f"largest N holding the cadence: {report['max_sessions_holding_cadence']}; "
                      f"every session exact at every N: {report['exact']}")
         return "\n".join(lines)
     for mode, r in report["modes"].items():
         misses = f"{r.get('deadline_misses')}/{r.get('speaking_ticks')}"
-        lines.append(f"  {mode:>9}: {r['sessions']} sessions, {r['status']}, {_speak(r, misses)}")
+        lines.append(f"  {mode:>9}: {r['sessions']} sessions, {r['status']}, {_speak(r, misses)}" + _profiled(r))
     lines.append(f"every session's PCM identical between modes: {report['exact']}")
     return "\n".join(lines)
 
@@ -174,6 +185,9 @@ def add_serve_args(p: argparse.ArgumentParser, *, soak_cmd: bool = False) -> Non
     p.add_argument("--check-workers", type=int, default=1,
                    help="sweeping: replay the stock streams of the exactness check in this many processes "
                         "(stock is host-bound; each process builds the model once from these options)")
+    p.add_argument("--profile", action="store_true",
+                   help="CUDA: after each run's (or N's) timed ticks, one more tick under torch.profiler: kernel time, "
+                        "GPU busy time and their ratio (kernels running at once) per N")
     p.add_argument("--overlap", action="store_true",
                    help="CUDA: each optimized session on its own stream, a tick's chunks launched before any is read")
 

@@ -203,6 +203,48 @@ class SimConfig:
     seed: int = 0
     warmup_ticks: int = 1
     budget_ms: float = 1000.0 * CHUNK_SECONDS
+    profile: bool = False  # CUDA: one more tick (every session speaks) under torch.profiler per run or N
+
+
+def device_time(events) -> dict[str, float | int]:
+    """Kernel (and copy) time of a profiled tick from ``torch.profiler`` events on the
+    device: the sum of their durations, the time the device was busy with any of them
+    (the union of their intervals), and their ratio (how many ran at once, on average)."""
+    spans = sorted((e.time_range.start, e.time_range.end) for e in events if e.time_range.end > e.time_range.start)
+    busy, end = 0.0, None
+    start = None
+    for s, e in spans:
+        if end is None or s > end:
+            if end is not None:
+                busy += end - start
+            start, end = s, e
+        else:
+            end = max(end, e)
+    if end is not None:
+        busy += end - start
+    kernel = sum(e - s for s, e in spans)
+    return {"device_ops": len(spans), "kernel_ms": round(kernel / 1e3, 3), "gpu_busy_ms": round(busy / 1e3, 3),
+            "concurrency": round(kernel / busy, 3) if busy else None}
+
+
+def profiled_tick(streams, work: list, device) -> tuple[list[bytes], dict[str, Any]]:
+    """One tick under ``torch.profiler`` (CUDA activity): its PCM and ``device_time``, with
+    the tick's wall time (profiler overhead included) and the share of it the GPU was
+    busy.  ``torch.profiler`` reports no SM occupancy (that needs CUPTI metrics, e.g.
+    Nsight Compute): ``concurrency`` is what it does tell."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    sync(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        pcm = streams.run_tick(work)
+        sync(device)
+        wall = (time.perf_counter() - t0) * 1e3
+    cuda = torch.autograd.DeviceType.CUDA
+    out = device_time([e for e in prof.events() if e.device_type == cuda])
+    out.update(tick_ms=round(wall, 3), busy_share=round(out["gpu_busy_ms"] / wall, 3) if wall else None,
+               sessions=len(work), sm_occupancy=None)
+    return pcm, out
 
 
 def run_ticks(streams, feeds: list[TokenFeed], n_sessions: int, cfg: SimConfig, device,
@@ -227,9 +269,19 @@ def run_ticks(streams, feeds: list[TokenFeed], n_sessions: int, cfg: SimConfig, 
         if t >= cfg.warmup_ticks and work:  # a tick where nobody speaks has no deadline
             speak_ms.append(ms)
     misses = sum(1 for ms in speak_ms if ms > cfg.budget_ms)
-    return {"ticks": cfg.seconds, "speaking_ticks": len(speak_ms), "chunks": chunks,
-            "speak_ms": ms_summary(speak_ms), "deadline_misses": misses,
-            "holds_cadence": misses == 0, "speak_ms_per_tick": [round(x, 3) for x in speak_ms]}
+    out = {"ticks": cfg.seconds, "speaking_ticks": len(speak_ms), "chunks": chunks,
+           "speak_ms": ms_summary(speak_ms), "deadline_misses": misses,
+           "holds_cadence": misses == 0, "speak_ms_per_tick": [round(x, 3) for x in speak_ms]}
+    if cfg.profile and device.type == "cuda":  # untimed: after the timed ticks, every session speaks
+        work = []
+        for i in range(n_sessions):
+            k, tokens = feeds[i].take()
+            work.append((i, tokens, chunk_seed(cfg.seed, i, k)))
+        pcm, out["profile"] = profiled_tick(streams, work, device)
+        for (i, _, _), b in zip(work, pcm):
+            hashes[i].update(b)
+        out["chunks"] += len(work)
+    return out
 
 
 def simulate(mode: str, factory: Callable[[], Any], make_prompt: Callable[[int], tuple], n_sessions: int,
