@@ -29,13 +29,21 @@ class TokenChunks:
 
 
 @dataclasses.dataclass(frozen=True)
+class SeededFrames:
+    """A stream of frames that are not token ids (VibeVoice: float latents): ``frame(seed,
+    session, k)`` is frame ``k`` of session ``session``, the same on every call."""
+
+    frame: Callable[[int, int, int], Any]
+
+
+@dataclasses.dataclass(frozen=True)
 class ServeHooks:
     """What ``serve-sim`` and ``soak`` need beyond a ``ModelSpec``: the token feed (a
     chunk's tokens, or a frame's codes), a session's prompt (None: the model takes none),
     the optimized model's weight bytes, and (``soak`` only; None where it does not run)
     a stock model loaded with (a copy of) a session's state, or emptied again."""
 
-    tokens: Callable[[], TokenChunks]
+    tokens: Callable[[Any], "TokenChunks | SeededFrames"]  # (args) -> the feed's shape
     prompt: Callable[[Any, int, Any], tuple | None]  # (args, session index, device) -> prompt
     weights_bytes: Callable[[Any], int]
     load_stock_state: Callable[[Any, Any], None] | None  # (stock, session)
@@ -211,7 +219,7 @@ def _token2wav_prompt(args, i, device):
     return s2.synthetic_prompt(args.prompt_tokens, args.seed + i, device=device)
 
 
-def _token2wav_tokens() -> TokenChunks:
+def _token2wav_tokens(args=None) -> TokenChunks:
     from ..integrations import stepaudio2 as s2
     return TokenChunks(s2.VOCAB, s2.CHUNK_TOKENS, s2.LOOKAHEAD_TOKENS)
 
@@ -240,7 +248,7 @@ def _mimi_chunks(args, n, final):
     return mm.synthetic_codes(n, args.seed)
 
 
-def _mimi_tokens() -> TokenChunks:
+def _mimi_tokens(args=None) -> TokenChunks:
     from ..integrations import moshi as mm
     return TokenChunks(mm.CARDINALITY, mm.N_Q, 0)  # a frame: 8 codes, no lookahead
 
@@ -275,6 +283,22 @@ def _vibevoice_chunks(args, n, final):
     return vv.synthetic_latents(n, args.seed, getattr(torch, args.dtype), torch.device(args.device))
 
 
+def _vibevoice_frames(args) -> SeededFrames:
+    """Seeded standard-normal latents [1, 64, 1] in the decoder's dtype and device."""
+    import torch
+    from ..integrations import vibevoice as vv
+    dtype, device = getattr(torch, args.dtype), torch.device(args.device)
+
+    def frame(seed: int, session: int, k: int):
+        g = torch.Generator().manual_seed(50_000 + seed * 10_007 + session * 100_003 + k)
+        return torch.randn(1, vv.VAE_DIM, 1, generator=g).to(device=device, dtype=dtype)
+    return SeededFrames(frame)
+
+
+def _vibevoice_weights(model) -> int:
+    return sum(p.nbytes for p in model.model.parameters())
+
+
 def _vibevoice_describe(args):
     from ..integrations import vibevoice as vv
     return f"VibeVoice acoustic decoder (vibevoice {vv.UPSTREAM_VERSION}), released config, seeded random weights"
@@ -300,4 +324,5 @@ register(ModelSpec(
 register(ModelSpec(
     # VibeVoice's decoder in any dtype (VibeVoice itself runs bfloat16); a latent frame -> 3,200 samples
     "vibevoice", ("float32", "float16", "bfloat16"), "frame", 3200 / 24000, 24000, _vibevoice_build,
-    _vibevoice_explain, _vibevoice_chunks, _reset, _own_executable, _vibevoice_describe))
+    _vibevoice_explain, _vibevoice_chunks, _reset, _own_executable, _vibevoice_describe,
+    serve=ServeHooks(_vibevoice_frames, lambda args, i, device: None, _vibevoice_weights, None, None)))

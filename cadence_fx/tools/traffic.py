@@ -110,7 +110,7 @@ def run(args) -> int:
         deterministic_protocol()
     rules = args.rules if args.rules != "auto" else ("SRc" if device.type == "cuda" else "S")
     say = progress(args.quiet)
-    chunk = spec.serve.tokens()
+    chunk = spec.serve.tokens(args)
     ranges = {k: getattr(args, f"{k}_range") for k in DEFAULTS}
     convos = plan(args.seed, args.conversations, args.turns, ranges, chunk.vocab, chunk.new, chunk.lookahead)
     args.prompt_tokens = convos[0].prompt_tokens

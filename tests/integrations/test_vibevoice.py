@@ -226,3 +226,35 @@ def test_replay_over_stock_state_is_refused_with_the_reason():
     stock = vv.VibeVoiceDecoder(vv.build_acoustic_tokenizer(seed=0, **SMALL).to("cuda"))
     with pytest.raises(cadence_fx.RulesError, match="new tensor each step"):
         cadence_fx.optimize(stock, rules="R")
+
+
+@needs_vibevoice
+def test_serve_sim_runs_vibevoice_sessions_each_exact_against_its_own_stock_decoder(optimized):
+    """serve-sim on VibeVoice's decoder: the feed is seeded float latents
+    (``SeededFrames``), a tick one frame per session (3,200 samples: its budget
+    133 ms); two sessions on one optimized decoder (``open_session``) against one stock
+    decoder per session, PCM equal per session, then a sweep checked at every N."""
+    import argparse
+
+    from cadence_fx.tools import registry
+    from cadence_fx.tools.serve import sim
+    stock, opt = optimized
+    hooks = registry.get("vibevoice").serve
+    frames = hooks.tokens(argparse.Namespace(dtype="float32", device="cpu"))
+    assert torch.equal(frames.frame(0, 1, 2), frames.frame(0, 1, 2)) and not torch.equal(frames.frame(0, 1, 2),
+                                                                                         frames.frame(0, 2, 2))
+
+    def make_stock(i):
+        return vv.VibeVoiceDecoder(vv.build_acoustic_tokenizer(seed=0, **SMALL))
+
+    cfg = sim.SimConfig(seconds=2, warmup_ticks=0, budget_ms=1000.0 * 3200 / 24000)
+    common = dict(make_optimized=lambda: opt, make_stock=make_stock, make_prompt=lambda i: None, hooks=hooks,
+                  device=torch.device("cpu"), cfg=cfg, tokens=frames, meta={"model": "vibevoice"})
+    report = sim.serve_sim_report(sessions=2, **common)
+    assert report["exact"] is True and report["exact_sessions"] == [True, True]
+    o = report["modes"]["optimized"]
+    assert o["chunks"] == 4 and o["fallbacks"] == {} and o["weights_bytes"] > o["arena_bytes_per_session"] > 0
+    cfg.budget_ms = 1e9  # every N holds on a loaded CPU: the sweep reaches N = 2
+    report = sim.serve_sim_report(sessions=1, modes=["optimized"], sweep_to=2, **common)
+    assert [p["exact"] for p in report["sweep"]["optimized"]] == [True, True] and report["exact"] is True
+

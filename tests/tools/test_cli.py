@@ -60,7 +60,7 @@ def small_args(*extra: str) -> list[str]:
 def test_registry_names_every_model_once_and_refuses_unknown_ones():
     assert registry.names() == ("token2wav", "mimi", "vibevoice")
     assert registry.names(lambda s: s.bench) == ("token2wav", "mimi")
-    assert registry.names(lambda s: s.serve) == ("token2wav", "mimi")
+    assert registry.names(lambda s: s.serve) == ("token2wav", "mimi", "vibevoice")
     assert registry.names(lambda s: s.serve and s.serve.load_stock_state) == ("token2wav",)  # soak
     assert registry.get("mimi").dtypes == ("float32",) and registry.get("mimi").unit == "frame"
     assert registry.get("token2wav").flush and not registry.get("vibevoice").flush

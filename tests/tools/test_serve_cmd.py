@@ -34,7 +34,7 @@ def test_speaking_schedule_and_helpers():
     assert sim.largest_holding([{"sessions": 1, "holds_cadence": True}, {"sessions": 2, "holds_cadence": True},
                                   {"sessions": 3, "holds_cadence": False}]) == 2
     assert sim.largest_holding([{"sessions": 1, "holds_cadence": False}]) == 0
-    feed = sim.TokenFeed(0, 1, HOOKS.tokens())
+    feed = sim.TokenFeed(0, 1, HOOKS.tokens(None))
     c0, c1 = feed.chunk(0), feed.chunk(1)
     assert len(c0) == len(c1) == 28 and c0[25:] == c1[:3]  # the lookahead is the next chunk's start
     assert feed.take() == (0, c0) and feed.take() == (1, c1)
@@ -120,7 +120,7 @@ def test_a_sweep_checks_every_session_at_every_n_against_stock_alone(t2w):
     assert [p["exact"] for p in points] == [True, True] and report["exact"] is True
     other = s2.Token2WavTail(*s2.build_modules(1), n_timesteps=STEPS)  # seed 1 weights: not the same model
     assert sim.check_sweep(copy.deepcopy(points), lambda i: other, lambda i: s2.synthetic_prompt(5, seed=50 + i),
-                           cfg, HOOKS.tokens()) is False
+                           cfg, HOOKS.tokens(None)) is False
 
 
 def test_a_sweep_at_given_points_opens_the_sessions_each_point_adds(t2w):
@@ -153,7 +153,7 @@ def test_the_exactness_check_in_worker_processes_hashes_what_one_process_does(t2
     cfg = sim.SimConfig(seconds=1, seed=3)
     spec = registry.get("token2wav")
     jobs = [(0, 2), (1, 1)]  # t2w.tail is what --seed 0 --n-timesteps 2 builds; one stream at a time (as a worker)
-    here = [sim.stock_prefixes(t2w.tail, spec.serve.prompt(args, i, torch.device("cpu")), cfg, HOOKS.tokens(), i, upto)
+    here = [sim.stock_prefixes(t2w.tail, spec.serve.prompt(args, i, torch.device("cpu")), cfg, HOOKS.tokens(None), i, upto)
             for i, upto in jobs]
     there = check.in_processes(args, cfg, workers=2)(jobs)
     assert there == here

@@ -35,7 +35,7 @@ def _init(options: dict[str, Any], cfg: SimConfig, threads: int) -> None:
         from ...lockstep import deterministic_protocol
         deterministic_protocol()
     spec = registry.get(args.model)
-    _WORKER.update(args=args, device=device, spec=spec, cfg=cfg, tokens=spec.serve.tokens(),
+    _WORKER.update(args=args, device=device, spec=spec, cfg=cfg, tokens=spec.serve.tokens(args),
                    tail=spec.build(args)[0])
 
 

@@ -36,6 +36,8 @@ def cmd_serve_sim(args) -> int:
     say = None if args.json else (lambda msg: print(f"[serve-sim] {msg}", file=sys.stderr, flush=True))
     spec = registry.get(args.model)
     device = _resolve(args)
+    if args.dtype not in spec.dtypes:
+        raise SystemExit(f"--dtype {args.dtype}: {args.model} runs {', '.join(spec.dtypes)}")
     if args.sessions < 1 or args.seconds < 1:
         raise SystemExit("--sessions and --seconds must be >= 1")
     modes = [m for m in args.modes.split(",") if m]
@@ -76,6 +78,7 @@ def cmd_serve_sim(args) -> int:
                               sessions=args.sessions, modes=modes,
                               sweep_to=args.max_sessions if args.sweep else None, overlap=args.overlap,
                               meta=meta, say=say, check_exact=not args.no_exact_check, points=points,
+                              tokens=spec.serve.tokens(args),
                               run_jobs=None if args.check_workers == 1 else in_processes(args, cfg, args.check_workers, say))
     if args.out:
         os.makedirs(args.out, exist_ok=True)
@@ -158,7 +161,8 @@ def add_serve_args(p: argparse.ArgumentParser, *, soak_cmd: bool = False) -> Non
     p.add_argument("--rules", default="auto", help="optimized rules; auto: SRc on CUDA, S on CPU")
     p.add_argument("--prompt-tokens", type=int, default=50)
     p.add_argument("--n-timesteps", type=int, default=5)
-    p.add_argument("--dtype", choices=("float32", "float16"), default="float32")
+    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32",
+                   help="the model's dtypes only (token2wav: float32, float16; mimi: float32; vibevoice: all three)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint", default=None, help="directory with upstream flow.pt and hift.pt")
     p.add_argument("--out", default=None, help="write the JSON (and, sweeping, the PNG) here")

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable, Sequence
 from ...errors import InputError
 from ...runtime.counters import sum_setup
 from ..bench.stats import percentile
-from ..registry import ServeHooks, TokenChunks
+from ..registry import SeededFrames, ServeHooks, TokenChunks
 
 CHUNK_SECONDS = 1.0  # Token2Wav: 25 tokens at 25 Hz -> 50 mel frames -> 24,000 samples (the default budget)
 MIXES = ("speak-heavy", "mixed")
@@ -45,17 +45,23 @@ def start_stock(tail, prompt) -> None:
 class TokenFeed:
     """Session ``i``'s speech tokens: chunk ``k`` is tokens ``n k .. n (k + 1) + a`` of one
     seeded endless sequence (``n`` new tokens a chunk; its ``a`` lookahead tokens are the
-    next chunk's first ``a``)."""
+    next chunk's first ``a``).  Given ``SeededFrames`` instead (frames that are not token
+    ids), chunk ``k`` is ``frame(seed, i, k)``."""
 
-    def __init__(self, seed: int, session: int, tokens: TokenChunks):
+    def __init__(self, seed: int, session: int, tokens: "TokenChunks | SeededFrames"):
         import torch
+        self._frames = None if isinstance(tokens, TokenChunks) else tokens
+        self._seed, self._session = seed, session
         self._gen = torch.Generator().manual_seed(30_000 + seed * 10_007 + session)
         self._tokens: list[int] = []
-        self._vocab, self._chunk, self._look = tokens.vocab, tokens.new, tokens.lookahead
+        if self._frames is None:
+            self._vocab, self._chunk, self._look = tokens.vocab, tokens.new, tokens.lookahead
         self.next_chunk = 0
 
-    def chunk(self, k: int) -> list[int]:
+    def chunk(self, k: int):
         import torch
+        if self._frames is not None:
+            return self._frames.frame(self._seed, self._session, k)
         need = self._chunk * k + self._chunk + self._look
         while len(self._tokens) < need:
             self._tokens += torch.randint(0, self._vocab, (1024,), generator=self._gen).tolist()
@@ -465,7 +471,7 @@ def serve_sim_report(*, make_optimized: Callable[[], Any], make_stock: Callable[
                      make_prompt: Callable[[int], tuple], hooks: ServeHooks, device, cfg: SimConfig,
                      sessions: int, modes: Sequence[str] = MODES, sweep_to: int | None = None, overlap: bool = False,
                      meta: dict[str, Any] | None = None, say=None, check_exact: bool = True,
-                     points: Sequence[int] | None = None,
+                     points: Sequence[int] | None = None, tokens: "TokenChunks | SeededFrames | None" = None,
                      run_jobs: Callable[[list[tuple[int, int]]], list[dict[int, str]]] | None = None) -> dict[str, Any]:
     """The serve-sim report: a fixed-N run of each mode, or (``sweep_to``) a sweep of each.
 
@@ -478,7 +484,7 @@ def serve_sim_report(*, make_optimized: Callable[[], Any], make_stock: Callable[
     both modes; None otherwise).  ``hooks``: the model's serve hooks (its token chunks,
     the weights it reports).
     """
-    tokens = hooks.tokens()
+    tokens = tokens if tokens is not None else hooks.tokens(None)
     factories = {"optimized": lambda: OptimizedStreams(make_optimized(), overlap, hooks.weights_bytes),
                  "stock": lambda: StockStreams(make_stock)}
     report: dict[str, Any] = {**(meta or {}), "device": str(device), "mix": cfg.mix, "seconds": cfg.seconds,

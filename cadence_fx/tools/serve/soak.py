@@ -51,7 +51,7 @@ def soak(model, tail, prompt, hooks: ServeHooks, chunks: int, check_every: int, 
         raise InputError(f"soak needs chunks >= 1 and check_every >= 1; got {chunks}, {check_every}")
     device = model.device
     session = model.open_session(*prompt)
-    feed = TokenFeed(seed, 0, hooks.tokens())
+    feed = TokenFeed(seed, 0, hooks.tokens(None))
     checkpoints, chunk_ms = [], []
     pcm_hash = hashlib.sha256()
     t_start = time.perf_counter()
