@@ -61,70 +61,43 @@ class PendingChunk:
             return speech_out(self.speech, return_waveform)
 
 
-class FrameSession(FrameStream):
-    """One stream of an optimized frame decoder (``OptimizedMimi``/``OptimizedVibeVoice``
-    ``.open_session()``): its own arena, graphs and counters on the shared weights.
+class StreamSession:
+    """What every family's session shares (``Token2WavSession``, ``FrameSession``): the
+    runtime ``session`` (its arena, clock, counters, graphs), the CUDA ``stream`` its
+    steps launch on, ``snapshot``/``restore``, ``state``, ``stats`` (still readable
+    after ``close``), ``arena_bytes`` and an idempotent ``close``.  ``_start`` is the
+    state ``reset()`` restores (None: the session keeps none); a subclass sets it and
+    ``_reopen`` (how to open a new session, for the closed-session message)."""
 
-    ``stream(frame)`` as the drop-in's; ``submit(frame)`` launches on this session's CUDA
-    stream (``stream=``) and returns a ``PendingChunk`` without waiting, so several
-    sessions' replays overlap; ``reset()`` starts a new stream from the state it was
-    opened with (a device copy into the same arena: graphs stay valid);
-    ``snapshot()``/``restore()``, ``state()``, ``stats()``, ``close()``.  Frame codecs
-    draw no random numbers.
-    """
+    _reopen = "open_session()"
 
-    def __init__(self, session, family: str, to_frame: Callable[[Any], torch.Tensor],
-                 step: Callable[[Any, torch.Tensor], torch.Tensor], device: torch.device,
-                 stream=None, name: str = "session"):
-        self.session, self.family, self.device, self.name = session, family, device, name
-        self._to_frame, self._step = to_frame, step
+    def __init__(self, session, device: torch.device, stream=None, name: str = "session"):
+        self.session, self.device, self.name = session, device, name
         self.cuda_stream = stream if device.type == "cuda" else None
         if self.cuda_stream is not None:
             self.cuda_stream.wait_stream(torch.cuda.current_stream(device))  # setup ran on the current stream
         self.last_speech: torch.Tensor | None = None
         self._final_stats: dict | None = None
-        self._start = session.snapshot()  # what reset() restores
+        self._start = None
 
     @property
     def closed(self) -> bool:
         return self.session is None
 
-    def _frame(self, value) -> torch.Tensor:
-        return self._to_frame(value)
-
-    @torch.inference_mode()
-    def submit_tensor(self, frame: torch.Tensor) -> torch.Tensor:
-        self._check_open("stream")
-        with on_stream(self.cuda_stream):
-            self.last_speech = self._step(self.session, frame)
-        return self.last_speech
-
-    def submit(self, frame: Any, last_chunk: bool = False) -> PendingChunk:
-        """Launch one frame on this session's stream (CUDA) and return without waiting.
-        The frame is checked on the host first: a bad one launches nothing."""
-        self._check_open("submit")
-        if last_chunk:
-            raise InputError(f"last_chunk=True: {self.family} has no flush step (every frame is one decode); "
-                             f"send every frame with last_chunk=False")
-        return PendingChunk(self.submit_tensor(self._frame(frame)), self.cuda_stream)
-
-    def stream(self, frame: Any, last_chunk: bool = False, return_waveform: bool = False):
-        return self.submit(frame, last_chunk).result(return_waveform)
-
-    @torch.inference_mode()
-    def reset(self) -> None:
-        """A new stream on this session: the state it was opened with, in place."""
-        self._check_open("reset")
+    def _restore_start(self) -> None:
         with on_stream(self.cuda_stream):
             self.session.restore(self._start)
         self.last_speech = None
 
     def snapshot(self):
+        """A copy of the carried state and the clock position (see ``restore``)."""
         self._check_open("snapshot")
         with on_stream(self.cuda_stream):
             return self.session.snapshot()
 
     def restore(self, snapshot) -> None:
+        """Put back a ``snapshot()`` of this session or of another one of the same executable
+        (in place: the captured graphs stay valid)."""
         self._check_open("restore")
         with on_stream(self.cuda_stream):
             self.session.restore(snapshot)
@@ -136,17 +109,19 @@ class FrameSession(FrameStream):
         return self.session.state()
 
     def stats(self) -> dict:
+        """Counters (steps, graph runs, replays, fallbacks by reason); still readable after close."""
         return self._final_stats if self.session is None else self.session.stats()
 
     @property
     def arena_bytes(self) -> int:
+        """Bytes of this session's state: its arena (rules R/Rc: its state copies)."""
         return 0 if self.session is None else self.session.state_bytes
 
     def close(self) -> None:
         """Release the arena and graphs (once nothing else holds them); idempotent."""
         if self.session is not None:
             if self.cuda_stream is not None:
-                self.cuda_stream.synchronize()
+                self.cuda_stream.synchronize()  # its arena (and inputs it holds) are freed next
             self._final_stats = self.session.stats()
             self.session.close()
             self.session, self.last_speech, self._start = None, None, None
@@ -154,7 +129,51 @@ class FrameSession(FrameStream):
     def _check_open(self, what: str) -> None:
         if self.session is None:
             raise SessionClosed(f"{self.name} is closed (close() was called): {what}() needs an open session; "
-                                f"open a new one with open_session()")
+                                f"open a new one with {self._reopen}")
+
+
+class FrameSession(StreamSession, FrameStream):
+    """One stream of an optimized frame decoder (``OptimizedMimi``/``OptimizedVibeVoice``
+    ``.open_session()``): its own arena, graphs and counters on the shared weights.
+
+    ``stream(frame)`` as the drop-in's; ``submit(frame)`` launches on this session's CUDA
+    stream (``stream=``) and returns a ``PendingChunk`` without waiting, so several
+    sessions' replays overlap; ``reset()`` starts a new stream from the state it was
+    opened with (a device copy into the same arena: graphs stay valid); the rest as
+    ``StreamSession``.  Frame codecs draw no random numbers.
+    """
+
+    def __init__(self, session, family: str, to_frame: Callable[[Any], torch.Tensor],
+                 step: Callable[[Any, torch.Tensor], torch.Tensor], device: torch.device,
+                 stream=None, name: str = "session"):
+        super().__init__(session, device, stream, name)
+        self.family, self._to_frame, self._step = family, to_frame, step
+        self._start = session.snapshot()  # what reset() restores
+
+    def _frame(self, value) -> torch.Tensor:
+        return self._to_frame(value)
+
+    @torch.inference_mode()
+    def submit(self, frame: Any, last_chunk: bool = False) -> PendingChunk:
+        """Launch one frame on this session's stream (CUDA) and return without waiting.
+        The frame is checked on the host first: a bad one launches nothing."""
+        self._check_open("submit")
+        if last_chunk:
+            raise InputError(f"last_chunk=True: {self.family} has no flush step (every frame is one decode); "
+                             f"send every frame with last_chunk=False")
+        frame = self._frame(frame)
+        with on_stream(self.cuda_stream):
+            self.last_speech = self._step(self.session, frame)
+        return PendingChunk(self.last_speech, self.cuda_stream)
+
+    def stream(self, frame: Any, last_chunk: bool = False, return_waveform: bool = False):
+        return self.submit(frame, last_chunk).result(return_waveform)
+
+    @torch.inference_mode()
+    def reset(self) -> None:
+        """A new stream on this session: the state it was opened with, in place."""
+        self._check_open("reset")
+        self._restore_start()
 
     def __repr__(self) -> str:
         return f"FrameSession({self.family}, {self.name!r}, closed={self.closed})"

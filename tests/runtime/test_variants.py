@@ -279,18 +279,16 @@ def test_set_off_catalog_switches_a_compiled_model(tmp_path):
     assert opt.off_catalog[0] == "specialize"  # a bad call changes nothing
 
 
-def test_a_mid_stream_capture_leaves_the_state_and_the_generators_as_they_were(monkeypatch):
-    """Rules SRc on the CPU (``capture_entry`` faked, as tests/serving/test_multi_session.py
-    fakes it: it scribbles on the arena and draws from the generator): each session
-    captures an off-catalog program the first time it runs it, mid-stream; its live state
-    is written back and the generators are forked, so every step stays exact."""
+def _fake_capture(monkeypatch, fail_frames: int | None = None) -> tuple[object, list[int]]:
+    """Rules SRc on the CPU: ``capture_entry`` faked as tests/serving/test_multi_session.py
+    fakes it (it scribbles on the arena and draws from the generator; it raises for
+    chunks of ``fail_frames`` frames).  Returns the compiled toy executable and the list
+    each capture appends its chunk's frame count to."""
     from cadence_fx import compiler
     from cadence_fx.runtime import graphs
 
     monkeypatch.setattr(compiler, "check_rules", lambda rules, device: rules)  # lower for replay on the CPU
-    adapter = ToyAdapter(make_toy(RETAIN), 5)
-    exe = compiler.compile_executable(adapter, "SRc", off_catalog="specialize")
-    calls = []
+    calls: list[int] = []
 
     def capture_entry(parent, args, pool, arena_ptr, stream):
         calls.append(args[0].shape[2])
@@ -298,10 +296,21 @@ def test_a_mid_stream_capture_leaves_the_state_and_the_generators_as_they_were(m
             if isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == arena_ptr:
                 a.fill_(3.0)  # the warm-up run writes into the arena
         torch.rand(5)  # and draws
+        if calls[-1] == fail_frames:
+            raise RuntimeError(f"capture of a {fail_frames}-frame chunk failed")
         return {}
 
     monkeypatch.setattr(graphs, "capture_entry", capture_entry)
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
+    return compiler.compile_executable(ToyAdapter(make_toy(RETAIN), 5), "SRc", off_catalog="specialize"), calls
+
+
+def test_a_mid_stream_capture_leaves_the_state_and_the_generators_as_they_were(monkeypatch):
+    """Each session captures an off-catalog program the first time it runs it,
+    mid-stream (``_fake_capture``); its live state is written back and the generators
+    are forked, so every step stays exact."""
+    exe, calls = _fake_capture(monkeypatch)
+    adapter = ToyAdapter(make_toy(RETAIN), 5)
     for session_no in range(2):
         before = len(calls)
         s = Stream(adapter, exe, 5)
@@ -315,32 +324,11 @@ def test_a_mid_stream_capture_leaves_the_state_and_the_generators_as_they_were(m
 
 
 def test_a_failed_mid_stream_capture_runs_that_key_eagerly_and_is_not_tried_again(monkeypatch):
-    """Rules SRc on the CPU (``capture_entry`` faked, as tests/serving/test_multi_session.py
-    fakes it: it scribbles on the arena and draws from the generator): each session
-    captures an off-catalog program the first time it runs it, mid-stream; its live state
-    and the generators are as before, so every step stays exact.  A capture that raises
-    (not out of memory) sends that chunk, and that key's later chunks in the session, to
-    the eager path with the reason; it is not tried again."""
-    from cadence_fx import compiler
-    from cadence_fx.runtime import graphs
-
-    monkeypatch.setattr(compiler, "check_rules", lambda rules, device: rules)  # lower for replay on the CPU
+    """A mid-stream capture that raises (not out of memory; ``_fake_capture`` fails every
+    1-frame chunk) sends that chunk, and that key's later chunks in the session, to the
+    eager path with the reason; it is not tried again, and every step stays exact."""
+    exe, calls = _fake_capture(monkeypatch, fail_frames=1)
     adapter = ToyAdapter(make_toy(RETAIN), 5)
-    exe = compiler.compile_executable(adapter, "SRc", off_catalog="specialize")
-    calls = []
-
-    def capture_entry(parent, args, pool, arena_ptr, stream):
-        calls.append(tuple(a.shape[2] for a in args[:1]))
-        for a in args:
-            if isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == arena_ptr:
-                a.fill_(3.0)  # the warm-up run writes into the arena
-        torch.rand(5)  # and draws
-        if calls[-1] == (1,):
-            raise RuntimeError("capture of a 1-frame chunk failed")
-        return {}
-
-    monkeypatch.setattr(graphs, "capture_entry", capture_entry)
-    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
     for session_no in range(2):
         before = len(calls)
         s = Stream(adapter, exe, 5)
@@ -349,7 +337,7 @@ def test_a_failed_mid_stream_capture_runs_that_key_eagerly_and_is_not_tried_agai
         captured = calls[before:]
         # the 3 catalog entries at opening, then each off-catalog key once, in stream order (the
         # two 1-frame keys fail; the second 1-frame chunk that is not last is not captured again)
-        assert captured == [(3,)] * 3 + [(2,), (3,), (1,), (3,), (1,)], captured
+        assert captured == [3] * 3 + [2, 3, 1, 3, 1], captured
         for label in ("entry 2 | x (1, 4, 1)", "entry 2 | x (1, 4, 1) | last"):
             assert s.session.capture_failures[label] == {
                 "*": "capture failed: RuntimeError: capture of a 1-frame chunk failed"}

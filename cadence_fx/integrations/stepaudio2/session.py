@@ -9,39 +9,32 @@ from __future__ import annotations
 import torch
 
 from ...errors import InputError, SessionClosed
-from ...runtime.snapshot import SessionSnapshot
-from ..frames import PendingChunk, on_stream as _on_stream, speech_out
+from ..frames import PendingChunk, StreamSession, on_stream
 from .inputs import check_chunk, tokens_tensor
 
 
-class Token2WavSession:
+class Token2WavSession(StreamSession):
     """One stream of an ``OptimizedToken2Wav``: ``open_session(...)`` makes it.
 
     Per session: the arena (every carried region and scratch; rules R/Rc: copies of
     the carried state), the clock position (region extents), the counters and, under
     replay rules, the captured graphs (SR/SRc bind this arena by address) in their own
-    memory pool.  Shared by all sessions: the
-    weights and the executables (one per prompt length).  Not shared, and not held
-    per session: the random generators (HiFT draws noise from the global ones, as
-    upstream does), so a session's output depends on the generator state at each
-    call; seed before each chunk for reproducible output.
+    memory pool, with the generator state they draw from.  Shared by all sessions: the
+    weights and the executables (one per prompt length), and the global random
+    generators each draw starts from (HiFT draws noise, as upstream does), so a
+    session's output depends on the generator state at each call; seed before each
+    chunk for reproducible output.  ``snapshot``/``restore``, ``state``, ``stats``,
+    ``arena_bytes`` and ``close``: ``StreamSession``.
     """
+
+    _reopen = "OptimizedToken2Wav.open_session(prompt_tokens, prompt_mels, spk)"
 
     def __init__(self, session, spk: torch.Tensor, prompt_frames: int, device: torch.device,
                  stream=None, name: str = "session", keep_setup: bool = True):
-        self.session, self.spk, self.prompt_frames, self.device = session, spk, prompt_frames, device
-        self.name = name
-        self.cuda_stream = stream if device.type == "cuda" else None
-        if self.cuda_stream is not None:
-            self.cuda_stream.wait_stream(torch.cuda.current_stream(device))  # setup ran on the current stream
-        self.last_speech: torch.Tensor | None = None
-        self._final_stats: dict | None = None
+        super().__init__(session, device, stream, name)
+        self.spk, self.prompt_frames = spk, prompt_frames
         #: the state right after the prompt's set-up, for ``reset`` (a turn of the same voice)
-        self._setup = session.snapshot() if keep_setup else None
-
-    @property
-    def closed(self) -> bool:
-        return self.session is None
+        self._start = session.snapshot() if keep_setup else None
 
     @torch.inference_mode()
     def submit(self, tokens, last_chunk: bool = False) -> PendingChunk:
@@ -51,7 +44,7 @@ class Token2WavSession:
         a rejected chunk launches nothing and leaves the state as it was.
         """
         self._check_open("stream")
-        with _on_stream(self.cuda_stream):
+        with on_stream(self.cuda_stream):
             self.last_speech = step_chunk(self.session, self.spk, self.device, tokens, last_chunk)
         return PendingChunk(self.last_speech, self.cuda_stream)
 
@@ -71,62 +64,16 @@ class Token2WavSession:
         default; ``setup_bytes`` is what that snapshot holds).
         """
         self._check_open("reset")
-        if self._setup is None:
+        if self._start is None:
             raise InputError(f"{self.name} was opened with keep_setup=False, so there is no post-prompt state "
                              f"to reset to; open it with keep_setup=True (the default), or keep your own "
                              f"snapshot() after set-up and restore() it")
-        with _on_stream(self.cuda_stream):
-            self.session.restore(self._setup)
-        self.last_speech = None
-
-    def snapshot(self) -> SessionSnapshot:
-        """A copy of the carried state and the clock position (see ``restore``)."""
-        self._check_open("snapshot")
-        with _on_stream(self.cuda_stream):
-            return self.session.snapshot()
-
-    def restore(self, snapshot: SessionSnapshot) -> None:
-        """Put back a ``snapshot()`` of this session or of another one of the same prompt
-        length, rules and dtype (in place: the captured graphs stay valid)."""
-        self._check_open("restore")
-        with _on_stream(self.cuda_stream):
-            self.session.restore(snapshot)
-        self.last_speech = None
+        self._restore_start()
 
     @property
     def setup_bytes(self) -> int:
         """Bytes of the post-prompt snapshot ``reset`` restores (0 with ``keep_setup=False``)."""
-        return 0 if self._setup is None else self._setup.nbytes
-
-    def state(self) -> dict[str, torch.Tensor]:
-        """Live views of the carried regions (no copies)."""
-        self._check_open("state")
-        return self.session.state()
-
-    def stats(self) -> dict:
-        """Counters (steps, graph runs, replays, fallbacks by reason); still readable after close."""
-        return self._final_stats if self.session is None else self.session.stats()
-
-    @property
-    def arena_bytes(self) -> int:
-        """Bytes of this session's state: its arena (rules R/Rc: its state copies)."""
-        return 0 if self.session is None else self.session.state_bytes
-
-    def close(self) -> None:
-        """Release the arena and graphs (once nothing else holds them); idempotent."""
-        if self.session is not None:
-            if self.cuda_stream is not None:
-                self.cuda_stream.synchronize()  # its arena and speaker vector are freed next
-            self._final_stats = self.session.stats()
-            self.session.close()
-            self.session = None
-            self.last_speech = None
-            self._setup = None
-
-    def _check_open(self, what: str) -> None:
-        if self.session is None:
-            raise SessionClosed(f"{self.name} is closed (close() was called): {what}() needs an open session; "
-                                f"open a new one with OptimizedToken2Wav.open_session(prompt_tokens, prompt_mels, spk)")
+        return 0 if self._start is None else self._start.nbytes
 
     def __repr__(self) -> str:
         return f"Token2WavSession({self.name!r}, prompt_frames={self.prompt_frames}, closed={self.closed})"
