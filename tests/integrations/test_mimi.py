@@ -134,6 +134,30 @@ def test_sessions_on_one_model_each_stream_exactly_as_alone(mm, optimized):
 
 
 @needs_moshi
+def test_a_replica_serves_mimi_conversations_by_id(mm, optimized):
+    """``serving.Replica`` on a frame codec: conversations open with no prompt, a tick
+    sends one frame each, every frame exact against a stock decoder streaming it alone."""
+    from cadence_fx.serving import Replica, ReplicaFull
+    stock, opt = optimized
+    replica = Replica(opt, max_conversations=2, name="mimi0")
+    replica.open("a")
+    replica.open("b")
+    with pytest.raises(ReplicaFull, match="mimi0 holds 2 conversations"):
+        replica.open("c")
+    codes = {c: mm.synthetic_codes(3, seed=s) for c, s in (("a", 91), ("b", 92))}
+    want = {}
+    for c in codes:
+        stock.reset()
+        want[c] = [stock.stream(f) for f, _ in codes[c]]
+    for k in range(3):
+        assert replica.tick({c: codes[c][k][0] for c in codes}) == {c: want[c][k] for c in codes}
+    replica.reset("a")
+    assert replica.send("a", codes["a"][0][0]) == want["a"][0]
+    for c in replica.conversations():
+        replica.close(c)
+
+
+@needs_moshi
 def test_serve_sim_runs_mimi_sessions_each_exact_against_its_own_stock_decoder(mm, capsys):
     """``serve-sim --model mimi``: a tick is one 80 ms frame per session; N optimized
     sessions on one model against one stock decoder per session, PCM equal per session;
