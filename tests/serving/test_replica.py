@@ -28,12 +28,12 @@ def conversation(n: int):
 
 def test_a_replica_serves_conversations_by_id_and_refuses_when_full(t2w):
     convs = {n: conversation(n) for n in (1, 2)}
-    refs = {n: reference(t2w.tail, p, c, n) for n, (p, c) in convs.items()}
+    refs = {1: reference(t2w.tail, *convs[1], 1), 2: reference(t2w.tail, convs[2][0], convs[2][1][:1], 2)}
     replica = Replica(t2w.opt, max_conversations=2, name="gpu0")
     for n, (prompt, _) in convs.items():
         replica.open(f"c{n}", *prompt)
     with pytest.raises(ReplicaFull, match=r"gpu0 holds 2 conversations, its maximum .*refused rather than served late"):
-        replica.open("c3", *conversation(3)[0])
+        replica.open("c3", *convs[1][0])
     with pytest.raises(cadence_fx.InputError, match="'c1' is already open on gpu0"):
         replica.open("c1", *convs[1][0])
     with pytest.raises(UnknownConversation, match="no conversation 'c9' is open on gpu0"):
@@ -58,10 +58,10 @@ def test_a_replica_serves_conversations_by_id_and_refuses_when_full(t2w):
         replica.send("c2", [6561] * 28)
     assert_unchanged(before, [replica._sessions["c2"]])
     stats = replica.close("c1")
-    assert stats["steps"] == 2 and replica.conversations() == ["c2"]
-    replica.open("c3", *conversation(3)[0])  # a closed conversation frees its slot
-    for c in replica.conversations():
-        replica.close(c)
+    assert stats["steps"] == 2 and replica.conversations() == ["c2"] and replica.load()["conversations"] == 1
+    with pytest.raises(UnknownConversation, match="no conversation 'c1' is open on gpu0"):
+        replica.reset("c1")  # closed
+    replica.close("c2")
     with pytest.raises(cadence_fx.InputError, match="max_conversations must be an int >= 1"):
         Replica(t2w.opt, 0)
 
