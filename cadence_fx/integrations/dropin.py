@@ -19,10 +19,10 @@ import torch
 from ..adapter import StreamingAdapter
 from ..compiler import check_rules, compile_executable, open_session
 from ..errors import RulesError
-from .frames import FrameSession
 from ..programs import ProgramStore, open_disk_cache
 from ..runtime.variants import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, DEFAULT_POLICY, check_policy
 from ..step import Rules
+from .frames import FrameSession
 
 
 class DropIn:
@@ -38,6 +38,7 @@ class DropIn:
         self.off_catalog = (off_catalog, max_specializations, max_specialization_bytes)
         self.progress = progress
         self.session = None
+        self._opened = 0  # sessions opened by open_session (for their names)
         self._executables: dict[Hashable, Any] = {}
         #: symbolic steps shared by every stream configuration of this model (one trace
         #: per catalog entry serves every prompt length: see ``compile_executable``), read
@@ -133,10 +134,8 @@ class OneExecutableDropIn(DropIn):
         launched on, so several sessions' replays may overlap (``FrameSession.submit``).
         Rules R/Rc replay over the stock model's own buffers, which every stream
         shares: open sessions under S, SR or SRc."""
-        if not self.stable_state:
-            raise RulesError(f"open_session: rules {self.rules} keep the stream's state in the stock model's own "
-                             f"buffers, one stream at a time; use rules S, SR or SRc for several sessions")
-        self._opened = getattr(self, "_opened", 0) + 1
+        self._require_stable_state(self.family, "every session would share the stock model's own buffers")
+        self._opened += 1
         return FrameSession(open_session(self.executable, self.adapter), self.family, self._frame, self._step_on,
                             self.device, stream=stream, name=f"session {self._opened}")
 

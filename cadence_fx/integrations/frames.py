@@ -37,11 +37,14 @@ class FrameStream:
     family: str
 
     def stream(self, frame: Any, last_chunk: bool = False, return_waveform: bool = False):
+        self._refuse_flush(last_chunk)
+        self.last_speech = self._decode(self._frame(frame))
+        return speech_out(self.last_speech, return_waveform)
+
+    def _refuse_flush(self, last_chunk: bool) -> None:
         if last_chunk:
             raise InputError(f"last_chunk=True: {self.family} has no flush step (every frame is one decode); "
                              f"send every frame with last_chunk=False")
-        self.last_speech = self._decode(self._frame(frame))
-        return speech_out(self.last_speech, return_waveform)
 
 
 def on_stream(stream):
@@ -158,9 +161,7 @@ class FrameSession(StreamSession, FrameStream):
         """Launch one frame on this session's stream (CUDA) and return without waiting.
         The frame is checked on the host first: a bad one launches nothing."""
         self._check_open("submit")
-        if last_chunk:
-            raise InputError(f"last_chunk=True: {self.family} has no flush step (every frame is one decode); "
-                             f"send every frame with last_chunk=False")
+        self._refuse_flush(last_chunk)
         frame = self._frame(frame)
         with on_stream(self.cuda_stream):
             self.last_speech = self._step(self.session, frame)

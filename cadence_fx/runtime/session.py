@@ -532,7 +532,6 @@ class Session:
         return {r: None if axis is None else state[r].shape[axis] for r, axis in axes.items()}
 
 
-
 class StockStateSession(Session):
     """Rules R / Rc: replay over stock-managed state, without the arena (no rule S).
 

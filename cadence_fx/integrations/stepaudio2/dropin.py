@@ -53,7 +53,6 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
         self.speech_window = tail.speech_window
         self.spk = None
         self.prompt_frames = None
-        self._opened = 0  # sessions opened by open_session (for their names)
 
     def adapter_for(self, prompt_frames: int, spk: torch.Tensor) -> Token2WavAdapter:
         """The adapter for streams of ``prompt_frames`` (its executable's key, with ``spk``'s spec)."""

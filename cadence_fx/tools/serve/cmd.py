@@ -45,6 +45,8 @@ def cmd_serve_sim(args) -> int:
         raise SystemExit(f"--modes: choose from {','.join(MODES)}")
     if args.overlap and device.type != "cuda":
         raise SystemExit("--overlap launches sessions on their own CUDA streams: it needs --device cuda")
+    if args.profile and device.type != "cuda":
+        raise SystemExit("--profile reads the GPU's kernel times from torch.profiler: it needs --device cuda")
     if args.check_workers < 1:
         raise SystemExit("--check-workers must be >= 1")
     points = None
@@ -70,8 +72,6 @@ def cmd_serve_sim(args) -> int:
     # a tick is one chunk (Token2Wav: 1 s) or frame (Mimi: 80 ms) of audio: its budget
     cfg = SimConfig(args.seconds, args.mix, args.seed, args.warmup_ticks, budget_ms=1000.0 * spec.unit_seconds,
                     profile=args.profile)
-    if args.profile and device.type != "cuda":
-        raise SystemExit("--profile reads the GPU's kernel times from torch.profiler: it needs --device cuda")
     report = serve_sim_report(make_optimized=make_optimized, make_stock=make_stock,
                               make_prompt=lambda i: spec.serve.prompt(args, i, device), hooks=spec.serve,
                               device=device, cfg=cfg,

@@ -253,6 +253,21 @@ def profiled_tick(streams, work: list, device) -> tuple[list[bytes], dict[str, A
     return pcm, out
 
 
+def take_work(feeds: list[TokenFeed], speakers: Iterable[int], seed: int) -> list[tuple[int, Any, int]]:
+    """A tick's work: ``(session, its next chunk, that chunk's seed)`` per speaker."""
+    work = []
+    for i in speakers:
+        k, tokens = feeds[i].take()
+        work.append((i, tokens, chunk_seed(seed, i, k)))
+    return work
+
+
+def record(hashes: list[Any], work: list[tuple[int, Any, int]], pcm: list[bytes]) -> None:
+    """Each speaker's PCM into its session's running hash."""
+    for (i, _, _), b in zip(work, pcm):
+        hashes[i].update(b)
+
+
 def run_ticks(streams, feeds: list[TokenFeed], n_sessions: int, cfg: SimConfig, device,
               hashes: list[Any]) -> dict[str, Any]:
     """``cfg.warmup_ticks + cfg.seconds`` ticks of ``n_sessions`` (untimed warm-up ticks first)."""
@@ -260,17 +275,13 @@ def run_ticks(streams, feeds: list[TokenFeed], n_sessions: int, cfg: SimConfig, 
     schedule = speaking_schedule(cfg.mix, n_sessions, ticks, cfg.seed)
     speak_ms, chunks = [], 0
     for t, speakers in enumerate(schedule):
-        work = []
-        for i in speakers:
-            k, tokens = feeds[i].take()
-            work.append((i, tokens, chunk_seed(cfg.seed, i, k)))
+        work = take_work(feeds, speakers, cfg.seed)
         sync(device)
         t0 = time.perf_counter()
         pcm = streams.run_tick(work)
         sync(device)
         ms = (time.perf_counter() - t0) * 1e3
-        for (i, _, _), b in zip(work, pcm):
-            hashes[i].update(b)
+        record(hashes, work, pcm)
         chunks += len(work)
         if t >= cfg.warmup_ticks and work:  # a tick where nobody speaks has no deadline
             speak_ms.append(ms)
@@ -279,13 +290,9 @@ def run_ticks(streams, feeds: list[TokenFeed], n_sessions: int, cfg: SimConfig, 
            "speak_ms": ms_summary(speak_ms), "deadline_misses": misses,
            "holds_cadence": misses == 0, "speak_ms_per_tick": [round(x, 3) for x in speak_ms]}
     if cfg.profile and device.type == "cuda":  # untimed: after the timed ticks, every session speaks
-        work = []
-        for i in range(n_sessions):
-            k, tokens = feeds[i].take()
-            work.append((i, tokens, chunk_seed(cfg.seed, i, k)))
+        work = take_work(feeds, range(n_sessions), cfg.seed)
         pcm, out["profile"] = profiled_tick(streams, work, device)
-        for (i, _, _), b in zip(work, pcm):
-            hashes[i].update(b)
+        record(hashes, work, pcm)
         out["chunks"] += len(work)
     return out
 
@@ -422,7 +429,7 @@ def plot_sweep(report: dict[str, Any], path: str) -> str | None:
 
 
 
-def stock_prefixes(tail, prompt: tuple, cfg: SimConfig, tokens: TokenChunks, session: int,
+def stock_prefixes(tail, prompt: tuple | None, cfg: SimConfig, tokens: "TokenChunks | SeededFrames", session: int,
                    upto: int) -> dict[int, str]:
     """Session ``session`` alone on the stock model ``tail``: its PCM hash after each of its
     first ``upto`` chunks (its prompt, its chunks and their seeds), keyed by chunk count."""
@@ -438,7 +445,7 @@ def stock_prefixes(tail, prompt: tuple, cfg: SimConfig, tokens: TokenChunks, ses
 
 
 def check_sweep(points: list[dict[str, Any]], make_stock: Callable[[int], Any], make_prompt: Callable[[int], tuple],
-                cfg: SimConfig, tokens: TokenChunks, say=None,
+                cfg: SimConfig, tokens: "TokenChunks | SeededFrames", say=None,
                 run_jobs: Callable[[list[tuple[int, int]]], list[dict[int, str]]] | None = None) -> bool | None:
     """Every session's PCM at every N of a sweep against its own stock stream alone.
 
