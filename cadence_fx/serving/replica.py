@@ -51,7 +51,7 @@ class Replica:
     def open(self, conversation: Hashable, *prompt) -> None:
         """A new conversation: its session (on a CUDA stream of its own) set up from
         ``prompt`` (Token2Wav: prompt tokens, mels, speaker vector; a frame codec: none)."""
-        if conversation in self._sessions:
+        if _known(conversation, self._sessions):
             raise InputError(f"conversation {conversation!r} is already open on {self.name}; close it first or "
                              f"use another id")
         if len(self._sessions) >= self.max_conversations:
@@ -95,13 +95,18 @@ class Replica:
         return {"replica": self.name, "conversations": len(self._sessions), "max": self.max_conversations}
 
     def _session(self, conversation: Hashable):
-        try:
-            return self._sessions[conversation]
-        except KeyError:
+        if not _known(conversation, self._sessions):
             raise UnknownConversation(f"no conversation {conversation!r} is open on {self.name}; open it first "
-                                      f"(or it was closed)") from None
-        except TypeError:
-            raise InputError(f"a conversation id must be hashable; got {type(conversation).__name__}") from None
+                                      f"(or it was closed)")
+        return self._sessions[conversation]
+
+
+def _known(conversation: Hashable, table: dict) -> bool:
+    """Whether ``table`` holds the id; an id that cannot key a table is an ``InputError``."""
+    try:
+        return conversation in table
+    except TypeError:
+        raise InputError(f"a conversation id must be hashable; got {type(conversation).__name__}") from None
 
 
 def rank(conversation: Hashable, names: Sequence[str]) -> list[int]:
@@ -128,7 +133,7 @@ class Router:
 
     def open(self, conversation: Hashable, *prompt) -> str:
         """Open on the first live replica with room in the id's order; its name."""
-        if conversation in self._home:
+        if _known(conversation, self._home):
             raise InputError(f"conversation {conversation!r} is already open (on "
                              f"{self.replicas[self._home[conversation]].name})")
         full = []
@@ -192,11 +197,9 @@ class Router:
         return {c: self.replicas[i].name for c, i in self._home.items()}
 
     def _index(self, conversation: Hashable) -> int:
-        try:
-            i = self._home[conversation]
-        except KeyError:
-            raise UnknownConversation(f"no conversation {conversation!r} is open; open it first "
-                                      f"(or it was closed)") from None
+        if not _known(conversation, self._home):
+            raise UnknownConversation(f"no conversation {conversation!r} is open; open it first (or it was closed)")
+        i = self._home[conversation]
         if i in self._lost:
             raise ReplicaLost(f"conversation {conversation!r} was on {self.replicas[i].name}, which is "
                               f"{self._lost[i]}: its state is gone; open it again (a new voice set-up)")

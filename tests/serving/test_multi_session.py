@@ -438,6 +438,10 @@ def test_a_replica_serves_conversations_by_id_and_refuses_when_full(t2w):
         replica.open("c1", *convs[1][0])
     with pytest.raises(UnknownConversation, match="no conversation 'c9' is open on gpu0"):
         replica.send("c9", convs[1][1][0][0])
+    for call in (lambda: replica.open(["c9"], *convs[1][0]), lambda: replica.send(["c1"], convs[1][1][0][0]),
+                 lambda: Router([replica]).open({"id": 1}, *convs[1][0])):
+        with pytest.raises(cadence_fx.InputError, match="a conversation id must be hashable; got (list|dict)"):
+            call()
     assert replica.load() == {"replica": "gpu0", "conversations": 2, "max": 2}
 
     torch.manual_seed(seed_of(1, 0))
