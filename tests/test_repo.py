@@ -25,6 +25,14 @@ def test_ci_runs_the_readme_test_command_verbatim():
     assert _readme_commands()[1] in ci.splitlines()
 
 
+def test_the_test_command_installs_every_extra_a_test_file_skips_without():
+    """tests/serving/test_ray.py skips where Ray is missing: CI must install it."""
+    section = (ROOT / "pyproject.toml").read_text().split("[project.optional-dependencies]", 1)[1].split("\n[", 1)[0]
+    extras = re.findall(r"^([a-z]+) = \[", section, re.M)
+    installed = re.search(r'pip install -e "\.\[([a-z,]+)\]"', _readme_commands()[1]).group(1).split(",")
+    assert sorted(installed) == sorted(extras), (installed, sorted(extras))
+
+
 def test_core_names_no_model_family():
     """passes, runtime and plan see models only through the adapter interface."""
     family = re.compile(r"\b(token2wav|step-?audio2?|cosyvoice|hift|mimi|moshi|vibevoice)\b", re.I)

@@ -67,15 +67,17 @@ class Replica:
         return self._session(conversation).stream(chunk, last_chunk=last_chunk, return_waveform=return_waveform)
 
     def tick(self, work: dict[Hashable, Any], last: Collection[Hashable] = (),
-             before_submit: Callable[[Hashable], None] | None = None) -> dict[Hashable, Any]:
+             before_submit: Callable[[Hashable], None] | None = None,
+             return_waveform: bool = False) -> dict[Hashable, Any]:
         """One chunk of each conversation in ``work`` (id -> chunk; the ids in ``last`` send
         their flush), all launched before any is read (``run_tick``; ``before_submit(id)``
-        right before each launch); id -> PCM bytes.  A chunk refused at submit raises
-        ``TickError`` after the others ran (``results`` in ``work``'s order)."""
+        right before each launch); id -> PCM bytes (or float waveforms).  A chunk refused
+        at submit raises ``TickError`` after the others ran (``results`` in ``work``'s order)."""
         sessions = [self._session(c) for c in work]  # an unknown id launches nothing
         ids = list(work)
         items = [(s, chunk, c in last) for s, (c, chunk) in zip(sessions, work.items())]
-        return dict(zip(ids, run_tick(items, None if before_submit is None else lambda i: before_submit(ids[i]))))
+        hook = None if before_submit is None else lambda i: before_submit(ids[i])
+        return dict(zip(ids, run_tick(items, hook, return_waveform)))
 
     def reset(self, conversation: Hashable) -> None:
         """A new turn of the conversation: its state right after its prompt's set-up."""
@@ -87,6 +89,13 @@ class Replica:
         del self._sessions[conversation]
         session.close()
         return session.stats()
+
+    def state(self, conversation: Hashable) -> dict:
+        """The conversation's carried state tensors (its session's ``state()``)."""
+        return self._session(conversation).state()
+
+    def holds(self, conversation: Hashable) -> bool:
+        return _known(conversation, self._sessions)
 
     def conversations(self) -> list[Hashable]:
         return list(self._sessions)

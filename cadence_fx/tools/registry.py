@@ -149,6 +149,22 @@ def optimize(spec: ModelSpec, stock, rules: str, progress=None):
     return _kept(("optimized", id(stock), rules), make)
 
 
+def build_optimized(options: dict[str, Any]):
+    """The optimized model a command's options describe (``model``, ``rules``, and the
+    options ``spec.build`` reads: seed, checkpoint, n_timesteps, prompt_tokens, dtype,
+    device), built in this process: what a server replica calls once.  Picklable as
+    ``functools.partial(build_optimized, options)`` (``cadence_fx.serving.ray.app``)."""
+    import argparse
+    args = argparse.Namespace(**options)
+    spec = get(args.model)
+    import torch
+    if torch.device(args.device).type == "cuda":
+        from ..lockstep import deterministic_protocol
+        deterministic_protocol()
+    stock, _ = spec.build(args)
+    return optimize(spec, stock, args.rules)
+
+
 # ------------------------------------------------------------------------ the models
 def _device(args):
     import torch
