@@ -88,9 +88,14 @@ class TailReplica:
                               f"again (a new voice set-up)")
 
     async def open(self, conversation: Hashable, prompt: Sequence = ()) -> str:
-        """Set the conversation up here; the incarnation every later call must name."""
-        await self._run(lambda: self.replica.open(conversation, *prompt))
+        """Set the conversation up here (prompt tensors come over the wire on the CPU: moved
+        to the model's device); the incarnation every later call must name."""
+        await self._run(lambda: self.replica.open(conversation, *[self._here(p) for p in prompt]))
         return self.incarnation
+
+    def _here(self, value):
+        import torch
+        return value.to(self.replica.model.device) if isinstance(value, torch.Tensor) else value
 
     async def send(self, incarnation: str, conversation: Hashable, chunk, last_chunk: bool = False,
                    seed: int | None = None, return_waveform: bool = False):
@@ -123,7 +128,7 @@ class TailReplica:
                 out[i] = UnknownConversation(f"no conversation {items[i][0]!r} is open on {self.name}; open it "
                                              f"first (or it was closed)")
             tick = [i for i in tick if out[i] is None]
-            work = {items[i][0]: items[i][1] for i in tick}
+            work = {items[i][0]: self._here(items[i][1]) for i in tick}
             seeds = {items[i][0]: items[i][3] for i in tick}
             by_id = {items[i][0]: i for i in tick}
             if work:

@@ -49,6 +49,9 @@ def cmd_serve_sim(args) -> int:
         raise SystemExit("--profile reads the GPU's kernel times from torch.profiler: it needs --device cuda")
     if args.check_workers < 1:
         raise SystemExit("--check-workers must be >= 1")
+    make_streams = None
+    if args.ray_replicas:
+        make_streams = _ray_streams(args, device)
     points = None
     if args.sweep_points:
         if not args.sweep:
@@ -73,13 +76,16 @@ def cmd_serve_sim(args) -> int:
     cfg = SimConfig(args.seconds, args.mix, args.seed, args.warmup_ticks, budget_ms=1000.0 * spec.unit_seconds,
                     profile=args.profile)
     report = serve_sim_report(make_optimized=make_optimized, make_stock=make_stock,
-                              make_prompt=lambda i: spec.serve.prompt(args, i, device), hooks=spec.serve,
+                              # through Ray a prompt travels from the CPU (the replica moves it to its device)
+                              make_prompt=lambda i: spec.serve.prompt(args, i, torch.device("cpu") if args.ray_replicas
+                                                                      else device), hooks=spec.serve,
                               device=device, cfg=cfg,
                               sessions=args.sessions, modes=modes,
                               sweep_to=args.max_sessions if args.sweep else None, overlap=args.overlap,
                               meta=meta, say=say, check_exact=not args.no_exact_check, points=points,
                               tokens=spec.serve.tokens(args),
-                              run_jobs=None if args.check_workers == 1 else in_processes(args, cfg, args.check_workers, say))
+                              run_jobs=None if args.check_workers == 1 else in_processes(args, cfg, args.check_workers, say),
+                              make_streams=make_streams)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         if args.sweep:
@@ -94,6 +100,31 @@ def cmd_serve_sim(args) -> int:
     else:
         print(_format_serve(report))
     return 0 if report["exact"] in (True, None) else 1
+
+
+def _ray_streams(args, device):
+    """``--ray-replicas K``: the optimized sessions as conversations of a Ray Serve app."""
+    import torch
+    if args.ray_replicas < 0:
+        raise SystemExit("--ray-replicas must be >= 0")
+    if args.overlap or args.profile:
+        raise SystemExit("--overlap and --profile are in-process options; through Ray each replica always launches "
+                         "its sessions on their own CUDA streams, and its kernels run in the replica's process")
+    gpus = 0
+    if device.type == "cuda":
+        gpus = 1
+        if args.ray_replicas > torch.cuda.device_count():
+            raise SystemExit(f"--ray-replicas {args.ray_replicas}: one replica per GPU, and this host has "
+                             f"{torch.cuda.device_count()}")
+    import importlib.util
+    if importlib.util.find_spec("ray") is None:
+        raise SystemExit("--ray-replicas needs Ray Serve: pip install 'cadence_fx[ray]'")
+    per_replica = args.ray_max_conversations or (args.max_sessions if args.sweep else args.sessions)
+    options = {"model": args.model, "rules": args.rules, "seed": args.seed, "checkpoint": args.checkpoint,
+               "n_timesteps": args.n_timesteps, "prompt_tokens": args.prompt_tokens, "dtype": args.dtype,
+               "device": "cuda" if device.type == "cuda" else "cpu"}
+    from .ray_sim import RayStreams
+    return lambda: RayStreams(options, args.ray_replicas, per_replica, gpus)
 
 
 def _speak(r: dict[str, Any], misses: str) -> str:
@@ -192,6 +223,12 @@ def add_serve_args(p: argparse.ArgumentParser, *, soak_cmd: bool = False) -> Non
     p.add_argument("--profile", action="store_true",
                    help="CUDA: after each run's (or N's) timed ticks, one more tick under torch.profiler: kernel time, "
                         "GPU busy time and their ratio (kernels running at once) per N")
+    p.add_argument("--ray-replicas", type=int, default=0,
+                   help="serve the optimized sessions through Ray Serve (cadence_fx.serving.ray): this many tail "
+                        "replicas, one GPU each on CUDA, behind the router; needs the [ray] extra")
+    p.add_argument("--ray-max-conversations", type=int, default=0,
+                   help="with --ray-replicas: conversations each replica admits (default: --max-sessions sweeping, "
+                        "else --sessions)")
     p.add_argument("--overlap", action="store_true",
                    help="CUDA: each optimized session on its own stream, a tick's chunks launched before any is read")
 

@@ -479,7 +479,8 @@ def serve_sim_report(*, make_optimized: Callable[[], Any], make_stock: Callable[
                      sessions: int, modes: Sequence[str] = MODES, sweep_to: int | None = None, overlap: bool = False,
                      meta: dict[str, Any] | None = None, say=None, check_exact: bool = True,
                      points: Sequence[int] | None = None, tokens: "TokenChunks | SeededFrames | None" = None,
-                     run_jobs: Callable[[list[tuple[int, int]]], list[dict[int, str]]] | None = None) -> dict[str, Any]:
+                     run_jobs: Callable[[list[tuple[int, int]]], list[dict[int, str]]] | None = None,
+                     make_streams: Callable[[], Any] | None = None) -> dict[str, Any]:
     """The serve-sim report: a fixed-N run of each mode, or (``sweep_to``) a sweep of each.
 
     Sweeping (at ``points``, else every N), ``exact`` is ``check_sweep`` of the optimized
@@ -489,10 +490,11 @@ def serve_sim_report(*, make_optimized: Callable[[], Any], make_stock: Callable[
     Optimized runs first, stock second (each mode's memory freed before the next).
     ``exact``: every session's PCM SHA-256 equal between the modes (fixed-N runs with
     both modes; None otherwise).  ``hooks``: the model's serve hooks (its token chunks,
-    the weights it reports).
+    the weights it reports).  ``make_streams``: the optimized mode's streams object instead
+    of ``OptimizedStreams`` on ``make_optimized()`` (``serve-sim --ray-replicas``: ``RayStreams``).
     """
     tokens = tokens if tokens is not None else hooks.tokens(None)
-    factories = {"optimized": lambda: OptimizedStreams(make_optimized(), overlap, hooks.weights_bytes),
+    factories = {"optimized": make_streams or (lambda: OptimizedStreams(make_optimized(), overlap, hooks.weights_bytes)),
                  "stock": lambda: StockStreams(make_stock)}
     report: dict[str, Any] = {**(meta or {}), "device": str(device), "mix": cfg.mix, "seconds": cfg.seconds,
                               "warmup_ticks": cfg.warmup_ticks, "budget_ms": cfg.budget_ms, "seed": cfg.seed,
