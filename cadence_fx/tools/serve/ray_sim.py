@@ -36,7 +36,8 @@ class RayStreams:
             env = {"OMP_NUM_THREADS": str(threads), "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
             if os.environ.get("CADENCE_FX_CACHE_DIR"):
                 env["CADENCE_FX_CACHE_DIR"] = os.environ["CADENCE_FX_CACHE_DIR"]
-            ray.init(include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env})
+            ray.init(include_dashboard=False, log_to_driver=False, object_store_memory=2**30,  # chunks are small
+                     runtime_env={"env_vars": env})
         self._serve = serve
         app = cray.app(functools.partial(registry.build_optimized, options), replicas=replicas,
                        max_conversations=max_conversations, num_gpus=gpus_per_replica, torch_threads=threads)
