@@ -106,6 +106,23 @@ class TailReplica:
             raise out
         return out
 
+    async def tick(self, items: list[tuple]) -> list:
+        """Many conversations' chunks in one request (``TailRouter.tick``): ``items`` of
+        ``(incarnation, conversation, chunk, last_chunk, seed, return_waveform)``; per item
+        its PCM (or waveform) or the exception that refused it, while the others ran."""
+        out: list[Any] = [None] * len(items)
+        todo = []
+        for n, (incarnation, conversation, *rest) in enumerate(items):
+            try:
+                self._check(incarnation, conversation)
+                todo.append(n)
+            except ReplicaLost as e:
+                out[n] = e
+        got = await self._run(self._tick, [(items[n][1], *items[n][2:]) for n in todo])
+        for n, value in zip(todo, got):
+            out[n] = value
+        return out
+
     @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.002)
     async def _batch(self, items: list[tuple]) -> list:
         return await self._run(self._tick, items)
@@ -240,6 +257,43 @@ class TailRouter:
                    return_waveform: bool = False):
         """One chunk of the conversation: PCM bytes (or the float waveform)."""
         return await self._on(conversation, "send", chunk, last_chunk, seed, return_waveform)
+
+    async def tick(self, work: dict, return_waveform: bool = False) -> dict:
+        """One chunk of each conversation in ``work`` (id -> chunk, or ``(chunk, last_chunk,
+        seed)``) in one request: each replica's share goes to it as one ``tick`` (all
+        launched before any is read there), the replicas at once.  Id -> PCM bytes (or the
+        waveform), or the exception that refused that conversation (unknown, lost, bad
+        input) while the others ran.  Ray's per-request cost is paid once a tick, not once
+        a conversation: for a gateway that advances many conversations on one clock."""
+        await self._adopt()
+        out: dict[Hashable, Any] = {}
+        shares: dict[int, list] = {}
+        for c, w in work.items():
+            chunk, last, seed = (w if isinstance(w, tuple) else (w, False, None))
+            try:
+                if _known(c, self._lost):
+                    raise ReplicaLost(self._lost[c])
+                if c not in self._home:
+                    raise UnknownConversation(f"no conversation {c!r} is open; open it first (or it was closed)")
+            except CadenceError as e:
+                out[c] = e
+                continue
+            i, incarnation = self._home[c]
+            shares.setdefault(i, []).append((incarnation, c, chunk, bool(last), seed, return_waveform))
+
+        async def one(i: int, items: list) -> None:
+            try:
+                got = await self._call(self.replicas[i].tick, None, items)
+            except ReplicaLost as e:
+                got = [e] * len(items)
+            for item, value in zip(items, got):
+                if isinstance(value, ReplicaLost):
+                    self._home.pop(item[1], None)
+                    self._lost[item[1]] = str(value)
+                out[item[1]] = value
+
+        await asyncio.gather(*(one(i, items) for i, items in shares.items()))
+        return {c: out[c] for c in work}
 
     async def reset(self, conversation: Hashable) -> None:
         await self._on(conversation, "reset")

@@ -150,9 +150,15 @@ def test_a_full_deployment_refuses_before_set_up_and_bad_input_loses_nothing(clu
     c = ids[0]
     with pytest.raises(InputError, match="speech tokens"):  # refused on the host: nothing ran
         handle.send.remote(c, torch.tensor([s2.VOCAB + 5] * 28)).result()
-    for k, (tokens, last) in enumerate(chunks):
-        wave = torch.from_numpy(handle.send.remote(c, torch.tensor(tokens), last, seed_of(70, k), True).result().copy())
-        assert_chunk_exact(ref, k, wave, handle.state.remote(c).result(), f"after a refused chunk, chunk {k}")
+    # chunk 0 in a tick request beside an unknown id (refused alone), the flush as a send
+    got = handle.tick.remote({"nobody": torch.tensor(chunks[0][0]), c: (torch.tensor(chunks[0][0]), False,
+                                                                        seed_of(70, 0))}, True).result()
+    assert isinstance(got["nobody"], UnknownConversation)
+    assert_chunk_exact(ref, 0, torch.from_numpy(got[c].copy()), handle.state.remote(c).result(),
+                       "a tick after a refused chunk, chunk 0")
+    tokens, last = chunks[1]
+    wave = torch.from_numpy(handle.send.remote(c, torch.tensor(tokens), last, seed_of(70, 1), True).result().copy())
+    assert_chunk_exact(ref, 1, wave, handle.state.remote(c).result(), "the flush")
     for c in ids:
         handle.close.remote(c).result()
     with pytest.raises(UnknownConversation):

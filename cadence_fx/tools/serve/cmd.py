@@ -50,6 +50,8 @@ def cmd_serve_sim(args) -> int:
     if args.check_workers < 1:
         raise SystemExit("--check-workers must be >= 1")
     make_streams = None
+    if args.ray_sends and not args.ray_replicas:
+        raise SystemExit("--ray-sends needs --ray-replicas")
     if args.ray_replicas:
         make_streams = _ray_streams(args, device)
     points = None
@@ -124,7 +126,7 @@ def _ray_streams(args, device):
                "n_timesteps": args.n_timesteps, "prompt_tokens": args.prompt_tokens, "dtype": args.dtype,
                "device": "cuda" if device.type == "cuda" else "cpu"}
     from .ray_sim import RayStreams
-    return lambda: RayStreams(options, args.ray_replicas, per_replica, gpus)
+    return lambda: RayStreams(options, args.ray_replicas, per_replica, gpus, per_conversation=args.ray_sends)
 
 
 def _speak(r: dict[str, Any], misses: str) -> str:
@@ -229,6 +231,9 @@ def add_serve_args(p: argparse.ArgumentParser, *, soak_cmd: bool = False) -> Non
     p.add_argument("--ray-max-conversations", type=int, default=0,
                    help="with --ray-replicas: conversations each replica admits (default: --max-sessions sweeping, "
                         "else --sessions)")
+    p.add_argument("--ray-sends", action="store_true",
+                   help="with --ray-replicas: each session's chunk is its own request (independent clients), not one "
+                        "tick request per tick (a gateway)")
     p.add_argument("--overlap", action="store_true",
                    help="CUDA: each optimized session on its own stream, a tick's chunks launched before any is read")
 

@@ -24,7 +24,8 @@ class RayStreams:
 
     name = "optimized"
 
-    def __init__(self, options: dict[str, Any], replicas: int, max_conversations: int, gpus_per_replica: float):
+    def __init__(self, options: dict[str, Any], replicas: int, max_conversations: int, gpus_per_replica: float,
+                 per_conversation: bool = False):
         import ray
         import torch
         from ray import serve
@@ -43,14 +44,23 @@ class RayStreams:
                        max_conversations=max_conversations, num_gpus=gpus_per_replica, torch_threads=threads)
         self.handle = serve.run(app, name=APP, route_prefix=None)
         self.opened: list[int] = []
+        self.per_conversation = per_conversation
 
     def open(self, i: int, prompt) -> None:
         self.handle.open.remote(i, [p.cpu() for p in (prompt or ())]).result()
         self.opened.append(i)
 
     def run_tick(self, work: list[tuple[int, Any, int]]) -> list[bytes]:
-        sent = [self.handle.send.remote(i, _plain(chunk), False, seed) for i, chunk, seed in work]
-        return [r.result() for r in sent]
+        if not self.per_conversation:  # one request a tick (the router's tick)
+            got = self.handle.tick.remote({i: (_plain(chunk), False, seed) for i, chunk, seed in work}).result()
+            out = [got[i] for i, _, _ in work]
+        else:  # one request per conversation, as independent clients send them
+            sent = [self.handle.send.remote(i, _plain(chunk), False, seed) for i, chunk, seed in work]
+            out = [r.result() for r in sent]
+        for (i, _, _), value in zip(work, out):
+            if isinstance(value, BaseException):
+                raise value
+        return out
 
     def report(self) -> dict[str, Any]:
         loads = self.handle.load.remote().result()
