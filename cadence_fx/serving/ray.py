@@ -183,8 +183,16 @@ class TailReplica:
         """This process's incarnation and the conversations open here."""
         return self.incarnation, self.replica.conversations()
 
-    async def load(self) -> dict:
-        return {**self.replica.load(), "incarnation": self.incarnation, "pid": os.getpid(), **self.ticks}
+    async def load(self, reset_peak: bool = False) -> dict:
+        """Counts, batch sizes and (CUDA) this replica's peak device memory since the last
+        ``reset_peak`` reading (``torch.cuda.max_memory_allocated``; None on the CPU)."""
+        import torch
+        device = self.replica.model.device
+        peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+        if reset_peak and device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        return {**self.replica.load(), "incarnation": self.incarnation, "pid": os.getpid(), **self.ticks,
+                "peak_memory_bytes": peak}
 
 
 def _hashable(c) -> bool:
@@ -230,26 +238,32 @@ class TailRouter:
         self.replicas, self.names = list(replicas), list(names)
         self._home: dict[Hashable, tuple[int, str]] = {}  # id -> (replica index, incarnation)
         self._lost: dict[Hashable, str] = {}  # id -> why (until closed)
+        self._opening: set = set()
         self._adopted = False
 
     # ----------------------------------------------------------------- the handle API
     async def open(self, conversation: Hashable, prompt: Sequence = ()) -> str:
         """Open on the first replica with room in the id's order; the replica's name."""
         await self._adopt()
-        if _known(conversation, self._home) or conversation in self._lost:
-            raise InputError(f"conversation {conversation!r} is already open; close it first or use another id")
-        full = []
-        for i in rank(conversation, self.names):
-            try:
-                incarnation = await self._call(self.replicas[i].open, None, conversation, list(prompt))
-            except ReplicaFull:
-                full.append(self.names[i])
-                continue
-            except ReplicaLost:
-                full.append(f"{self.names[i]} (unreachable)")
-                continue
-            self._home[conversation] = (i, incarnation)
-            return self.names[i]
+        if _known(conversation, self._home) or conversation in self._lost or conversation in self._opening:
+            raise InputError(f"conversation {conversation!r} is already open (or opening); close it first or use "
+                             f"another id")
+        self._opening.add(conversation)  # a second open of this id while this one awaits is refused
+        try:
+            full = []
+            for i in rank(conversation, self.names):
+                try:
+                    incarnation = await self._call(self.replicas[i].open, None, conversation, list(prompt))
+                except ReplicaFull:
+                    full.append(self.names[i])
+                    continue
+                except ReplicaLost:
+                    full.append(f"{self.names[i]} (unreachable)")
+                    continue
+                self._home[conversation] = (i, incarnation)
+                return self.names[i]
+        finally:
+            self._opening.discard(conversation)
         raise ReplicaFull(f"every replica is full ({', '.join(full)}): conversation {conversation!r} refused "
                           f"rather than served late")
 
@@ -316,11 +330,12 @@ class TailRouter:
         await self._adopt()
         return {c: self.names[i] for c, (i, _) in self._home.items()}
 
-    async def load(self) -> list[dict]:
+    async def load(self, reset_peak: bool = False) -> list[dict]:
+        """Each replica's ``load`` (``reset_peak``: start its peak-memory reading anew)."""
         out = []
         for i, r in enumerate(self.replicas):
             try:
-                out.append(await self._call(r.load, None))
+                out.append(await self._call(r.load, None, reset_peak))
             except ReplicaLost as e:
                 out.append({"replica": self.names[i], "error": str(e)})
         return out

@@ -163,6 +163,17 @@ def test_a_full_deployment_refuses_before_set_up_and_bad_input_loses_nothing(clu
         handle.close.remote(c).result()
     with pytest.raises(UnknownConversation):
         handle.reset.remote(ids[0]).result()
+    # one id opened twice at once: one conversation, the other open refused
+    twice = [handle.open.remote("twice", list(prompt)) for _ in range(2)]
+    outcomes = []
+    for r in twice:
+        try:
+            outcomes.append(r.result())
+        except InputError as e:
+            outcomes.append(e)
+    assert sum(isinstance(o, InputError) and "already open" in str(o) for o in outcomes) == 1, outcomes
+    assert sum(ld["conversations"] for ld in handle.load.remote().result()) == 1
+    handle.close.remote("twice").result()
 
 
 def _http(method: str, url: str, body=None) -> tuple[int, bytes, str]:

@@ -43,6 +43,7 @@ class RayStreams:
         app = cray.app(functools.partial(registry.build_optimized, options), replicas=replicas,
                        max_conversations=max_conversations, num_gpus=gpus_per_replica, torch_threads=threads)
         self.handle = serve.run(app, name=APP, route_prefix=None)
+        self.peak_memory()  # the next reading starts after the models were built, as in-process
         self.opened: list[int] = []
         self.per_conversation = per_conversation
 
@@ -61,6 +62,11 @@ class RayStreams:
             if isinstance(value, BaseException):
                 raise value
         return out
+
+    def peak_memory(self) -> int | None:
+        """The replicas' peak device memory since the last reading, summed (None on the CPU)."""
+        peaks = [ld.get("peak_memory_bytes") for ld in self.handle.load.remote(True).result()]
+        return None if any(p is None for p in peaks) else sum(peaks)
 
     def report(self) -> dict[str, Any]:
         loads = self.handle.load.remote().result()

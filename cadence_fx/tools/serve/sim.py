@@ -104,6 +104,13 @@ def _peak_memory(device) -> int | None:
     return int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
 
 
+def peak_of(streams, device) -> int | None:
+    """The peak device memory since the last reading: this process's, or (streams that
+    serve elsewhere: ``RayStreams``) what ``streams.peak_memory()`` reads from its replicas."""
+    read = getattr(streams, "peak_memory", None)
+    return read() if read is not None else _peak_memory(device)
+
+
 def allocated(device) -> int | None:
     import torch
     return int(torch.cuda.memory_allocated(device)) if device.type == "cuda" else None
@@ -321,7 +328,7 @@ def simulate(mode: str, factory: Callable[[], Any], make_prompt: Callable[[int],
     except torch.OutOfMemoryError as e:
         status, setup_s, result = f"out of memory: {str(e).splitlines()[0]}", time.perf_counter() - t0, {}
     report = {"mode": mode, "sessions": n_sessions, "status": status, "setup_s": round(setup_s, 2), **result,
-              "peak_memory_bytes": _peak_memory(device), "rss_bytes": rss_bytes(),
+              "peak_memory_bytes": peak_of(streams, device), "rss_bytes": rss_bytes(),
               "pcm_sha256": [h.hexdigest() for h in hashes], **(streams.report() if status == "ok" else {})}
     streams.close()
     del streams
@@ -375,7 +382,7 @@ def sweep(mode: str, factory: Callable[[], Any], make_prompt: Callable[[int], tu
                              pcm_sha256=[h.copy().hexdigest() for h in hashes])
             except torch.OutOfMemoryError as e:
                 point = {"sessions": n, "status": f"out of memory: {str(e).splitlines()[0]}", "holds_cadence": False}
-            point["peak_memory_bytes"] = _peak_memory(device)
+            point["peak_memory_bytes"] = peak_of(streams, device)
             point["rss_bytes"] = rss_bytes()
             points_out.append(point)
             if say:
