@@ -144,8 +144,14 @@ class TailReplica:
             for i in [i for i in tick if not (_hashable(items[i][0]) and self.replica.holds(items[i][0]))]:
                 out[i] = UnknownConversation(f"no conversation {items[i][0]!r} is open on {self.name}; open it "
                                              f"first (or it was closed)")
+            work = {}
+            for i in [i for i in tick if out[i] is None]:
+                try:
+                    work[items[i][0]] = self._here(items[i][1])
+                except (RuntimeError, TypeError, ValueError) as e:  # refused alone: the others run
+                    out[i] = InputError(f"chunk of conversation {items[i][0]!r} cannot go to "
+                                        f"{self.replica.model.device}: {e}")
             tick = [i for i in tick if out[i] is None]
-            work = {items[i][0]: self._here(items[i][1]) for i in tick}
             seeds = {items[i][0]: items[i][3] for i in tick}
             by_id = {items[i][0]: i for i in tick}
             if work:
@@ -193,6 +199,17 @@ class TailReplica:
             torch.cuda.reset_peak_memory_stats(device)
         return {**self.replica.load(), "incarnation": self.incarnation, "pid": os.getpid(), **self.ticks,
                 "peak_memory_bytes": peak}
+
+
+def _unpack(w) -> tuple:
+    """A tick's value: a chunk, or ``{"chunk": ..., "last": bool, "seed": int | None}``."""
+    if not isinstance(w, dict):
+        return w, False, None
+    extra = set(w) - {"chunk", "last", "seed"}
+    if "chunk" not in w or extra:
+        raise InputError(f"a tick value is a chunk or {{'chunk': ..., 'last': bool, 'seed': int | None}}; got keys "
+                         f"{sorted(map(str, w))}")
+    return w["chunk"], bool(w.get("last", False)), w.get("seed")
 
 
 def _hashable(c) -> bool:
@@ -273,8 +290,8 @@ class TailRouter:
         return await self._on(conversation, "send", chunk, last_chunk, seed, return_waveform)
 
     async def tick(self, work: dict, return_waveform: bool = False) -> dict:
-        """One chunk of each conversation in ``work`` (id -> chunk, or ``(chunk, last_chunk,
-        seed)``) in one request: each replica's share goes to it as one ``tick`` (all
+        """One chunk of each conversation in ``work`` (id -> chunk, or ``{"chunk": ...,
+        "last": bool, "seed": int | None}``) in one request: each replica's share goes to it as one ``tick`` (all
         launched before any is read there), the replicas at once.  Id -> PCM bytes (or the
         waveform), or the exception that refused that conversation (unknown, lost, bad
         input) while the others ran.  Ray's per-request cost is paid once a tick, not once
@@ -283,8 +300,8 @@ class TailRouter:
         out: dict[Hashable, Any] = {}
         shares: dict[int, list] = {}
         for c, w in work.items():
-            chunk, last, seed = (w if isinstance(w, tuple) else (w, False, None))
             try:
+                chunk, last, seed = _unpack(w)
                 if _known(c, self._lost):
                     raise ReplicaLost(self._lost[c])
                 if c not in self._home:

@@ -151,9 +151,10 @@ def test_a_full_deployment_refuses_before_set_up_and_bad_input_loses_nothing(clu
     with pytest.raises(InputError, match="speech tokens"):  # refused on the host: nothing ran
         handle.send.remote(c, torch.tensor([s2.VOCAB + 5] * 28)).result()
     # chunk 0 in a tick request beside an unknown id (refused alone), the flush as a send
-    got = handle.tick.remote({"nobody": torch.tensor(chunks[0][0]), c: (torch.tensor(chunks[0][0]), False,
-                                                                        seed_of(70, 0))}, True).result()
+    got = handle.tick.remote({"nobody": torch.tensor(chunks[0][0]), ids[1]: {"chunk": [1], "lasts": True},
+                              c: {"chunk": torch.tensor(chunks[0][0]), "seed": seed_of(70, 0)}}, True).result()
     assert isinstance(got["nobody"], UnknownConversation)
+    assert isinstance(got[ids[1]], InputError) and "got keys ['chunk', 'lasts']" in str(got[ids[1]])
     assert_chunk_exact(ref, 0, torch.from_numpy(got[c].copy()), handle.state.remote(c).result(),
                        "a tick after a refused chunk, chunk 0")
     tokens, last = chunks[1]

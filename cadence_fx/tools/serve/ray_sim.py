@@ -53,7 +53,8 @@ class RayStreams:
 
     def run_tick(self, work: list[tuple[int, Any, int]]) -> list[bytes]:
         if not self.per_conversation:  # one request a tick (the router's tick)
-            got = self.handle.tick.remote({i: (_plain(chunk), False, seed) for i, chunk, seed in work}).result()
+            work_by_id = {i: {"chunk": _plain(chunk), "seed": seed} for i, chunk, seed in work}
+            got = self.handle.tick.remote(work_by_id).result()
             out = [got[i] for i, _, _ in work]
         else:  # one request per conversation, as independent clients send them
             sent = [self.handle.send.remote(i, _plain(chunk), False, seed) for i, chunk, seed in work]
