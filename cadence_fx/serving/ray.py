@@ -128,36 +128,31 @@ class TailReplica:
         return await self._run(self._tick, items)
 
     def _tick(self, items: list[tuple]) -> list:
-        """``items`` as ticks: each conversation once per tick, in arrival order."""
+        """``items`` of ``(conversation, chunk, last_chunk, seed, return_waveform)`` as ticks:
+        each conversation once per tick, in arrival order.  An unknown id, or a chunk that
+        cannot go to the model's device, is refused alone; the others run."""
         import torch
         out: list[Any] = [None] * len(items)
-        todo = list(range(len(items)))
+        chunks: dict[int, Any] = {}
+        for i, (c, chunk, *_) in enumerate(items):
+            try:
+                self.replica.require(c)
+                chunks[i] = self._here(chunk)
+            except CadenceError as e:
+                out[i] = e
+            except (RuntimeError, TypeError, ValueError) as e:
+                out[i] = InputError(f"chunk of conversation {c!r} cannot go to {self.replica.model.device}: {e}")
+        todo = list(chunks)
         while todo:
             tick, later, seen = [], [], set()
             for i in todo:
-                c = items[i][0]
-                if not _hashable(c) or c in seen:
-                    (later if _hashable(c) else tick).append(i)
-                else:
-                    seen.add(c)
-                    tick.append(i)
-            for i in [i for i in tick if not (_hashable(items[i][0]) and self.replica.holds(items[i][0]))]:
-                out[i] = UnknownConversation(f"no conversation {items[i][0]!r} is open on {self.name}; open it "
-                                             f"first (or it was closed)")
-            work = {}
-            for i in [i for i in tick if out[i] is None]:
-                try:
-                    work[items[i][0]] = self._here(items[i][1])
-                except (RuntimeError, TypeError, ValueError) as e:  # refused alone: the others run
-                    out[i] = InputError(f"chunk of conversation {items[i][0]!r} cannot go to "
-                                        f"{self.replica.model.device}: {e}")
-            tick = [i for i in tick if out[i] is None]
+                (later if items[i][0] in seen else tick).append(i)
+                seen.add(items[i][0])
+            work = {items[i][0]: chunks[i] for i in tick}
             seeds = {items[i][0]: items[i][3] for i in tick}
-            by_id = {items[i][0]: i for i in tick}
-            if work:
-                self.ticks["ticks"] += 1
-                self.ticks["chunks"] += len(work)
-                self.ticks["largest"] = max(self.ticks["largest"], len(work))
+            self.ticks["ticks"] += 1
+            self.ticks["chunks"] += len(work)
+            self.ticks["largest"] = max(self.ticks["largest"], len(work))
             try:
                 got = self.replica.tick(work, {items[i][0] for i in tick if items[i][2]},
                                         lambda c: seeds[c] is not None and torch.manual_seed(seeds[c]),
@@ -165,9 +160,9 @@ class TailReplica:
                 errors = {}
             except TickError as e:
                 got, errors = dict(zip(work, e.results)), {list(work)[n]: err for n, err in e.errors.items()}
-            for c, i in by_id.items():
-                wav = got.get(c)
-                out[i] = errors[c] if c in errors else wav if items[i][4] else pcm_bytes(wav)
+            for i in tick:
+                c = items[i][0]
+                out[i] = errors[c] if c in errors else got[c] if items[i][4] else pcm_bytes(got[c])
             todo = later
         return out
 
@@ -210,14 +205,6 @@ def _unpack(w) -> tuple:
         raise InputError(f"a tick value is a chunk or {{'chunk': ..., 'last': bool, 'seed': int | None}}; got keys "
                          f"{sorted(map(str, w))}")
     return w["chunk"], bool(w.get("last", False)), w.get("seed")
-
-
-def _hashable(c) -> bool:
-    try:
-        hash(c)
-    except TypeError:
-        return False
-    return True
 
 
 def _error_body(e: BaseException) -> dict:
@@ -302,14 +289,10 @@ class TailRouter:
         for c, w in work.items():
             try:
                 chunk, last, seed = _unpack(w)
-                if _known(c, self._lost):
-                    raise ReplicaLost(self._lost[c])
-                if c not in self._home:
-                    raise UnknownConversation(f"no conversation {c!r} is open; open it first (or it was closed)")
+                i, incarnation = self._where(c)
             except CadenceError as e:
                 out[c] = e
                 continue
-            i, incarnation = self._home[c]
             shares.setdefault(i, []).append((incarnation, c, chunk, bool(last), seed, return_waveform))
 
         async def one(i: int, items: list) -> None:
@@ -319,8 +302,7 @@ class TailRouter:
                 got = [e] * len(items)
             for item, value in zip(items, got):
                 if isinstance(value, ReplicaLost):
-                    self._home.pop(item[1], None)
-                    self._lost[item[1]] = str(value)
+                    self._mark_lost(item[1], value)
                 out[item[1]] = value
 
         await asyncio.gather(*(one(i, items) for i, items in shares.items()))
@@ -360,17 +342,26 @@ class TailRouter:
     # ------------------------------------------------------------------------ internals
     async def _on(self, conversation: Hashable, method: str, *args):
         await self._adopt()
+        i, incarnation = self._where(conversation)
+        try:
+            return await self._call(getattr(self.replicas[i], method), incarnation, conversation, *args)
+        except ReplicaLost as e:
+            self._mark_lost(conversation, e)
+            raise
+
+    def _where(self, conversation: Hashable) -> tuple[int, str]:
+        """(replica index, incarnation) of an open conversation; ``ReplicaLost`` for one whose
+        replica ended, ``UnknownConversation`` for an id not open (``InputError``: unhashable)."""
         if _known(conversation, self._lost):
             raise ReplicaLost(self._lost[conversation])
         if conversation not in self._home:
             raise UnknownConversation(f"no conversation {conversation!r} is open; open it first (or it was closed)")
-        i, incarnation = self._home[conversation]
-        try:
-            return await self._call(getattr(self.replicas[i], method), incarnation, conversation, *args)
-        except ReplicaLost as e:
-            self._home.pop(conversation, None)
-            self._lost[conversation] = str(e)
-            raise
+        return self._home[conversation]
+
+    def _mark_lost(self, conversation: Hashable, why: ReplicaLost) -> None:
+        """Every later call of ``conversation`` gets ``why`` until it is closed."""
+        self._home.pop(conversation, None)
+        self._lost[conversation] = str(why)
 
     async def _call(self, method, incarnation: str | None, *args):
         """``method.remote(...)`` with the library's errors raised as themselves, and a

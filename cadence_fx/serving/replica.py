@@ -94,14 +94,16 @@ class Replica:
         """The conversation's carried state tensors (its session's ``state()``)."""
         return self._session(conversation).state()
 
-    def holds(self, conversation: Hashable) -> bool:
-        return _known(conversation, self._sessions)
-
     def conversations(self) -> list[Hashable]:
         return list(self._sessions)
 
     def load(self) -> dict[str, Any]:
         return {"replica": self.name, "conversations": len(self._sessions), "max": self.max_conversations}
+
+    def require(self, conversation: Hashable) -> None:
+        """Raise ``UnknownConversation`` unless ``conversation`` is open here (an id that
+        cannot key a table: ``InputError``)."""
+        self._session(conversation)
 
     def _session(self, conversation: Hashable):
         if not _known(conversation, self._sessions):

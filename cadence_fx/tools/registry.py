@@ -149,19 +149,27 @@ def optimize(spec: ModelSpec, stock, rules: str, progress=None):
     return _kept(("optimized", id(stock), rules), make)
 
 
-def build_optimized(options: dict[str, Any]):
-    """The optimized model a command's options describe (``model``, ``rules``, and the
-    options ``spec.build`` reads: seed, checkpoint, n_timesteps, prompt_tokens, dtype,
-    device), built in this process: what a server replica calls once.  Picklable as
-    ``functools.partial(build_optimized, options)`` (``cadence_fx.serving.ray.app``)."""
+def build_from_options(options: dict[str, Any]) -> tuple[ModelSpec, Any, Any]:
+    """``(spec, args, stock)``: the stock model a command's plain options describe
+    (``model`` and what ``spec.build`` reads: seed, checkpoint, n_timesteps, prompt_tokens,
+    dtype, device), built in a process of its own (a check worker, a server replica),
+    with the deterministic protocol set first on CUDA."""
     import argparse
+
+    import torch
     args = argparse.Namespace(**options)
     spec = get(args.model)
-    import torch
     if torch.device(args.device).type == "cuda":
         from ..lockstep import deterministic_protocol
         deterministic_protocol()
-    stock, _ = spec.build(args)
+    return spec, args, spec.build(args)[0]
+
+
+def build_optimized(options: dict[str, Any]):
+    """The optimized model (``options["rules"]``) on ``build_from_options``'s stock model:
+    what a server replica calls once.  Picklable as ``functools.partial(build_optimized,
+    options)`` (``cadence_fx.serving.ray.app``)."""
+    spec, args, stock = build_from_options(options)
     return optimize(spec, stock, args.rules)
 
 

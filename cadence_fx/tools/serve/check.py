@@ -21,22 +21,17 @@ from .sim import SimConfig, stock_prefixes
 _WORKER: dict[str, Any] = {}
 
 
-def _plain(args: argparse.Namespace) -> dict[str, Any]:
-    """The options a worker needs to build the same model (callables dropped)."""
+def plain_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The options a worker (or a Ray replica) needs to build the same model (callables dropped)."""
     return {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool, type(None)))}
 
 
 def _init(options: dict[str, Any], cfg: SimConfig, threads: int) -> None:
     import torch
     torch.set_num_threads(threads)  # CPU bits depend on it: the parent's count
-    args = argparse.Namespace(**options)
-    device = torch.device(args.device)
-    if device.type == "cuda":
-        from ...lockstep import deterministic_protocol
-        deterministic_protocol()
-    spec = registry.get(args.model)
-    _WORKER.update(args=args, device=device, spec=spec, cfg=cfg, tokens=spec.serve.tokens(args),
-                   tail=spec.build(args)[0])
+    spec, args, tail = registry.build_from_options(options)
+    _WORKER.update(args=args, device=torch.device(args.device), spec=spec, cfg=cfg, tokens=spec.serve.tokens(args),
+                   tail=tail)
 
 
 def _job(job: tuple[int, int]) -> dict[int, str]:
@@ -66,7 +61,7 @@ def in_processes(args: argparse.Namespace, cfg: SimConfig, workers: int,
         out: list[dict[int, str] | None] = [None] * len(jobs)
         ctx = multiprocessing.get_context("spawn")  # a CUDA parent cannot fork
         with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init,
-                                                    initargs=(_plain(args), cfg, threads)) as pool:
+                                                    initargs=(plain_options(args), cfg, threads)) as pool:
             futures = {pool.submit(_job, job): n for n, job in enumerate(jobs)}
             for done, fut in enumerate(concurrent.futures.as_completed(futures), 1):
                 out[futures[fut]] = fut.result()

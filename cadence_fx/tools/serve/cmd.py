@@ -10,7 +10,7 @@ from typing import Any
 
 from .. import registry
 from ...errors import InputError
-from .check import in_processes
+from .check import in_processes, plain_options
 from .sim import MIXES, MODES, SimConfig, plot_sweep, serve_sim_report, sweep_sizes
 from .soak import soak
 
@@ -122,9 +122,8 @@ def _ray_streams(args, device):
     if importlib.util.find_spec("ray") is None:
         raise SystemExit("--ray-replicas needs Ray Serve: pip install 'cadence_fx[ray]'")
     per_replica = args.ray_max_conversations or (args.max_sessions if args.sweep else args.sessions)
-    options = {"model": args.model, "rules": args.rules, "seed": args.seed, "checkpoint": args.checkpoint,
-               "n_timesteps": args.n_timesteps, "prompt_tokens": args.prompt_tokens, "dtype": args.dtype,
-               "device": "cuda" if device.type == "cuda" else "cpu"}
+    # a replica sees only its own GPU (Ray sets CUDA_VISIBLE_DEVICES): "cuda", whatever --device named
+    options = {**plain_options(args), "device": "cuda" if device.type == "cuda" else "cpu"}
     from .ray_sim import RayStreams
     return lambda: RayStreams(options, args.ray_replicas, per_replica, gpus, per_conversation=args.ray_sends)
 

@@ -53,11 +53,11 @@ class RayStreams:
 
     def run_tick(self, work: list[tuple[int, Any, int]]) -> list[bytes]:
         if not self.per_conversation:  # one request a tick (the router's tick)
-            work_by_id = {i: {"chunk": _plain(chunk), "seed": seed} for i, chunk, seed in work}
+            work_by_id = {i: {"chunk": _on_cpu(chunk), "seed": seed} for i, chunk, seed in work}
             got = self.handle.tick.remote(work_by_id).result()
             out = [got[i] for i, _, _ in work]
         else:  # one request per conversation, as independent clients send them
-            sent = [self.handle.send.remote(i, _plain(chunk), False, seed) for i, chunk, seed in work]
+            sent = [self.handle.send.remote(i, _on_cpu(chunk), False, seed) for i, chunk, seed in work]
             out = [r.result() for r in sent]
         for (i, _, _), value in zip(work, out):
             if isinstance(value, BaseException):
@@ -82,7 +82,7 @@ class RayStreams:
         self._serve.delete(APP)
 
 
-def _plain(chunk):
+def _on_cpu(chunk):
     """A chunk as it travels: token ids as a list, a tensor on the CPU."""
     import torch
     return chunk.cpu() if isinstance(chunk, torch.Tensor) else chunk
