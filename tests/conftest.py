@@ -21,8 +21,16 @@ import types
 # The program cache on disk (cadence_fx.programs.disk): one temporary directory per
 # test session, never the user's (every optimize() in the suite, and every CLI
 # subprocess, reads and writes here; removed when the session's process exits).
-_PROGRAM_CACHE = tempfile.TemporaryDirectory(prefix="cadence_fx_test_cache_")
-os.environ["CADENCE_FX_CACHE_DIR"] = _PROGRAM_CACHE.name
+# Shared by the pytest-xdist workers: the controller makes it and the workers (started
+# with the controller's environment) reuse it, so a program one worker traced is a disk
+# hit in the other (the cache serializes a key's trace across processes: programs/disk.py).
+_SHARED = "_CADENCE_FX_TEST_CACHE_DIR"
+if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get(_SHARED) \
+        and os.environ.get("CADENCE_FX_CACHE_DIR") == os.environ[_SHARED]:
+    _PROGRAM_CACHE = None  # the controller's, removed when it exits
+else:
+    _PROGRAM_CACHE = tempfile.TemporaryDirectory(prefix="cadence_fx_test_cache_")
+    os.environ["CADENCE_FX_CACHE_DIR"] = os.environ[_SHARED] = _PROGRAM_CACHE.name
 
 import pytest
 
@@ -38,3 +46,29 @@ def t2w():
     flow, hift = s2.build_modules(0)
     tail = s2.Token2WavTail(flow, hift, n_timesteps=2)
     return types.SimpleNamespace(tail=tail, opt=cadence_fx.optimize(tail), steps=2)
+
+
+# The files' CPU seconds in a clean-clone CI run (2 cores, two workers; 2026-12-01),
+# heaviest first: pytest-xdist's ``--dist loadfile`` hands files out in order, and by
+# default orders them by their number of tests, which put the few-test, minutes-long
+# files last and left one worker idle while the other finished them.  Only the order
+# depends on these numbers (a stale one costs minutes, never a check); a file not
+# listed runs after them, in collection order.
+_FILE_SECONDS = {
+    "tests/integrations/test_token2wav.py": 213, "tests/serving/test_ray.py": 207,
+    "tests/integrations/test_prompt_lengths.py": 140, "tests/serving/test_multi_session.py": 100,
+    "tests/tools/test_serve_cmd.py": 88, "tests/tools/test_cli.py": 83, "tests/tools/test_traffic.py": 76,
+    "tests/integrations/test_mimi.py": 32, "tests/programs/test_disk_cache.py": 31,
+    "tests/integrations/test_turns.py": 25, "tests/runtime/test_misuse.py": 23, "tests/tools/test_bench.py": 13,
+    "tests/integrations/test_generic.py": 12, "tests/integrations/test_vibevoice.py": 12,
+    "tests/tools/test_bench_mimi.py": 11, "tests/runtime/test_variants.py": 11,
+}
+
+
+def pytest_configure(config):
+    if hasattr(config.option, "loadscopereorder"):  # the controller's scheduler: keep our order
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: -_FILE_SECONDS.get(item.nodeid.split("::")[0], 0))  # stable: in-file order kept

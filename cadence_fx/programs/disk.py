@@ -17,17 +17,24 @@ trust: unreadable, a format or key-part mismatch, a payload whose hash differs
 or dtype.  It never raises: the compiler traces again and ``save`` overwrites the
 entry (written to a temporary file and renamed, so a reader never sees half a file).
 The directory is trusted like torch's own compile caches: the payload is a pickle.
+
+Processes sharing a directory (replicas starting together, test workers) trace a key
+once: ``claim`` holds ``<key>.lock`` (an advisory ``flock``, released by the OS if the
+holder dies) while the compiler looks again and traces; a second process waits, says
+so through the progress callback, then loads what the first wrote.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import pickle
 import tempfile
+import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
@@ -88,14 +95,15 @@ def _canonical(value: Any) -> str:
 class DiskCache:
     """Symbolic steps by ``key_parts`` in ``directory`` (created on the first ``save``).
 
-    ``counts``: ``hits``, ``misses``, ``rejected``, ``writes``, ``unsaved``;
-    ``last_rejection``: the last entry ``load`` rejected and why (``None``: none yet).
+    ``counts``: ``hits``, ``misses``, ``rejected``, ``writes``, ``unsaved``, ``waits``
+    (claims that found another process tracing the key); ``last_rejection``: the last
+    entry ``load`` rejected and why (``None``: none yet).
     """
 
     def __init__(self, directory: "str | os.PathLike", progress: Callable[[str], None] | None = None):
         self.directory = Path(directory).expanduser()
         self.progress = progress
-        self.counts = {"hits": 0, "misses": 0, "rejected": 0, "writes": 0, "unsaved": 0}
+        self.counts = {"hits": 0, "misses": 0, "rejected": 0, "writes": 0, "unsaved": 0, "waits": 0}
         self.last_rejection: str | None = None
 
     def __repr__(self) -> str:
@@ -103,6 +111,44 @@ class DiskCache:
 
     def path_for(self, parts: Mapping[str, Any]) -> Path:
         return self.directory / f"{hashlib.sha256(_canonical(parts).encode()).hexdigest()}.cfx"
+
+    def exists(self, parts: Mapping[str, Any]) -> bool:
+        return self.path_for(parts).is_file()
+
+    @contextlib.contextmanager
+    def claim(self, parts: Mapping[str, Any], what: str = "") -> Iterator[bool]:
+        """Hold the entry's lock while the caller looks again and traces it; yields whether
+        it had to wait for another holder (who may have written the entry meanwhile).
+
+        Without ``fcntl`` (Windows) or a writable directory it holds nothing (each process
+        traces on its own, as before).  Threads of one process exclude each other too
+        (each claim opens its own file description)."""
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not POSIX
+            yield False
+            return
+        path = self.path_for(parts).with_suffix(".lock")
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            self._say(f"program cache: no lock for {path.name} ({_line(e)}); tracing without it")
+            yield False
+            return
+        try:
+            waited = False
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                waited, t0 = True, time.perf_counter()
+                self.counts["waits"] += 1
+                self._say(f"program cache: another process is tracing {what or path.stem[:16]}; waiting for it")
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                self._say(f"program cache: waited {time.perf_counter() - t0:.1f} s for {what or path.stem[:16]}")
+            yield waited
+        finally:
+            os.close(fd)  # releases the lock (the file stays: removing it would race a waiter)
 
     def _say(self, msg: str) -> None:
         if self.progress is not None:

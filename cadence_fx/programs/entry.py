@@ -129,14 +129,20 @@ def specialized_entry(adapter, plan_at: Callable[[dict], Plan], plan: Plan, entr
         sym, setup["program"] = programs.lookup(key, adapter, prepare)
         fresh = sym is None
         if fresh:
-            try:
-                sym = _trace(adapter, plan_at, plan, entry, by_region, symbolic, dims, inputs, device, say, flags,
-                             prepare, example_inputs is not None)
-            except (NotAffine, TraceError) as e:
-                programs.refuse(base, f"{type(e).__name__}: {e}")
-                setup["reason"] = f"{type(e).__name__}: {e}"
-                return None
-            programs.put(key, sym, adapter)  # and on disk, with the model's disk cache
+            # one process traces a key: another sharing the disk cache waits, then loads it
+            with programs.tracing(key, adapter, f"entry {entry.index + 1} variant {variant}") as waited:
+                if waited or (setup["program"] == "not cached" and programs.on_disk(key, adapter)):
+                    sym, setup["program"] = programs.lookup(key, adapter, prepare)
+                    fresh = sym is None
+                if fresh:
+                    try:
+                        sym = _trace(adapter, plan_at, plan, entry, by_region, symbolic, dims, inputs, device, say,
+                                     flags, prepare, example_inputs is not None)
+                    except (NotAffine, TraceError) as e:
+                        programs.refuse(base, f"{type(e).__name__}: {e}")
+                        setup["reason"] = f"{type(e).__name__}: {e}"
+                        return None
+                    programs.put(key, sym, adapter)  # and on disk, with the model's disk cache
         t0 = time.perf_counter()
         try:
             gm = specialize(sym, at, tensors, by_region, recompile=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Hashable, Mapping, Sequence
 
@@ -51,6 +52,17 @@ class ProgramStore:
             step = self._steps.setdefault(key, step)
             self._from_disk.add(key)
         return step, "disk"
+
+    def tracing(self, key: Hashable, adapter=None, what: str = ""):
+        """A context held while ``key`` is looked up again and traced: the disk cache's
+        lock on its entry (processes sharing the directory trace it once), else nothing.
+        Yields whether it waited for another holder."""
+        if self.disk is None or adapter is None:
+            return contextlib.nullcontext(False)
+        return self.disk.claim(key_parts(adapter, key), what)
+
+    def on_disk(self, key: Hashable, adapter=None) -> bool:
+        return self.disk is not None and adapter is not None and self.disk.exists(key_parts(adapter, key))
 
     def get(self, key: Hashable, adapter=None) -> SymbolicStep | None:
         return self.lookup(key, adapter)[0]

@@ -62,7 +62,7 @@ def test_round_trip_specializes_other_lengths_exactly(tmp_path):
         want = "disk" if prompt_frames == 3 else "memory"
         assert _how(exe) == [("specialized", want)] * 3, exe.notes["setup"]
         _exact(model, adapter, exe, prompt_frames)
-    assert store.disk.counts == {"hits": 3, "misses": 0, "rejected": 0, "writes": 0, "unsaved": 0}
+    assert store.disk.counts == {"hits": 3, "misses": 0, "rejected": 0, "writes": 0, "unsaved": 0, "waits": 0}
     assert all(line.endswith("loaded from disk") for line in store.describe()[:3]), store.describe()
 
 
@@ -154,7 +154,7 @@ def test_another_torch_or_upstream_version_is_a_miss(tmp_path, monkeypatch):
     monkeypatch.undo()
     monkeypatch.setattr(torch, "__version__", "0.0.0+other")
     assert disk.load(key_parts(adapter, key), adapter.modules()) is None
-    assert disk.counts == {"hits": 1, "misses": 2, "rejected": 0, "writes": 0, "unsaved": 0}
+    assert disk.counts == {"hits": 1, "misses": 2, "rejected": 0, "writes": 0, "unsaved": 0, "waits": 0}
 
 
 def test_an_entry_under_a_foreign_name_is_rejected_by_its_header(tmp_path):
@@ -240,6 +240,55 @@ def test_a_table_moved_on_first_use_is_prepared_then_bound(tmp_path):
     with torch.no_grad():
         stock_state = stock.setup(prompt)
     assert_lockstep_exact(stock, stock_state, adapter.open_session(exe, prompt), toy_inputs(N_STEPS), 7)
+
+
+def test_a_claimed_key_waits_for_its_holder_and_loads_what_it_wrote(tmp_path):
+    """Processes sharing a directory trace a key once: while another holds an entry's
+    claim, the compiler waits (and says so), then specializes what the holder wrote,
+    tracing nothing.  (Threads of one process exclude each other like processes do.)"""
+    import shutil
+    import threading
+    import time
+    source = tmp_path / "written"
+    saver, saved = _saved(source)
+    shared = tmp_path / "shared"
+    model = make_toy()
+    holder = DiskCache(shared)
+    claims = [holder.claim(key_parts(SymbolicToyAdapter(model, 5), key)) for key, _ in saved.items()]
+    assert [c.__enter__() for c in claims] == [False] * 3  # nobody held them
+    said = []
+    store = ProgramStore(disk=DiskCache(shared, progress=said.append))
+    result = {}
+    compiling = threading.Thread(target=lambda: result.update(exe=_compile(model, 9, store)))
+    compiling.start()
+    deadline = time.monotonic() + 60
+    while store.disk.counts["waits"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert store.disk.counts["waits"] == 1 and compiling.is_alive()
+    assert any("another process is tracing entry 1 variant 0; waiting" in m for m in said), said
+    for f in source.glob("*.cfx"):  # the holder writes its entries, then lets go
+        shutil.copy(f, shared / f.name)
+    for c in claims:
+        c.__exit__(None, None, None)
+    compiling.join(60)
+    adapter, exe = result["exe"]
+    assert _how(exe) == [("specialized", "disk")] * 3, exe.notes["setup"]
+    assert store.disk.counts["writes"] == 0 and store.disk.counts["hits"] == 3
+    _exact(model, adapter, exe, 9)
+    # an entry claimed and found written by the time the claim is granted is not traced again
+    (key, _), *_ = saved.items()
+    with DiskCache(shared).claim(key_parts(SymbolicToyAdapter(model, 5), key)) as waited:
+        assert waited is False
+
+
+def test_a_claim_without_a_writable_directory_holds_nothing(tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    said = []
+    disk = DiskCache(blocked / "cache", progress=said.append)
+    with disk.claim({"k": 1}) as waited:
+        assert waited is False
+    assert said and "no lock" in said[0] and "tracing without it" in said[0]
 
 
 def test_the_suite_never_writes_the_users_cache():
