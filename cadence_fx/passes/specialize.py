@@ -138,11 +138,20 @@ def _copy_module(src: fx.GraphModule) -> fx.GraphModule:
     generating code (``fx.GraphModule(root, graph)`` would, for a graph about to change)."""
     graph = fx.Graph()
     graph.output(graph.graph_copy(src.graph, {}))
-    gm = fx.GraphModule(src, fx.Graph())  # an empty graph: nothing to copy, trivial code
+    return module_without_code(src, graph)
+
+
+def module_without_code(root: torch.nn.Module, graph: fx.Graph) -> fx.GraphModule:
+    """A GraphModule over ``graph`` holding the attributes of ``root`` its ``get_attr``
+    nodes name, as ``fx.GraphModule(root, graph)`` builds it but without generating its
+    Python code: its ``forward`` is stale (an empty graph's) until ``recompile()``.  For
+    a graph that is only read or about to change: a symbolic step (never run, only
+    specialized), a copy the passes rewrite."""
+    gm = fx.GraphModule(root, fx.Graph())  # an empty graph: nothing to copy, trivial code
     from torch.fx.graph_module import _copy_attr  # what GraphModule.__init__ uses (dotted names too)
     for node in graph.nodes:
         if node.op == "get_attr":
-            _copy_attr(src, gm, node.target)
+            _copy_attr(root, gm, node.target)
     gm._graph = graph  # the property setter would generate code
     graph.owning_module = gm
     return gm

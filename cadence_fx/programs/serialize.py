@@ -32,6 +32,7 @@ import torch.fx as fx
 
 from ..errors import CadenceError
 from .. import step as meta
+from ..passes.specialize import module_without_code
 from ..passes.trace_symbolic import SymbolicStep
 from ..step import Role
 
@@ -169,7 +170,7 @@ def decode_step(record: Mapping[str, Any], modules: Mapping[str, torch.nn.Module
             node.meta[meta.TAG] = {**node_meta[meta.TAG], "role": Role(node_meta[meta.TAG]["role"])}
         env[name] = node
     graph.lint()
-    gm = fx.GraphModule(root, graph)
+    gm = module_without_code(root, graph)  # a symbolic step is only specialized, never run
     gm.meta[meta.SIGNATURE] = record["signature"]
     gm.meta[meta.DEVICE] = record["device"]
     return SymbolicStep(gm, dict(record["dims"]), dict(record["symbols"]), tuple(record["placeholders"]),

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import cadence_fx
 from cadence_fx.compiler import compile_executable
 from cadence_fx.programs import DiskCache, ProgramStore, default_cache_dir
 from cadence_fx.programs.disk import key_parts
