@@ -146,7 +146,7 @@ def module_without_code(root: torch.nn.Module, graph: fx.Graph) -> fx.GraphModul
     nodes name, as ``fx.GraphModule(root, graph)`` builds it but without generating its
     Python code: its ``forward`` is stale (an empty graph's) until ``recompile()``.  For
     a graph that is only read or about to change: a symbolic step (never run, only
-    specialized), a copy the passes rewrite."""
+    specialized), a copy the passes rewrite.  Calling it before ``recompile()`` raises."""
     gm = fx.GraphModule(root, fx.Graph())  # an empty graph: nothing to copy, trivial code
     from torch.fx.graph_module import _copy_attr  # what GraphModule.__init__ uses (dotted names too)
     for node in graph.nodes:
@@ -154,7 +154,13 @@ def module_without_code(root: torch.nn.Module, graph: fx.Graph) -> fx.GraphModul
             _copy_attr(root, gm, node.target)
     gm._graph = graph  # the property setter would generate code
     graph.owning_module = gm
+    type(gm).forward = _not_generated  # its own class (one per GraphModule); recompile() replaces it
     return gm
+
+
+def _not_generated(self, *args, **kwargs):
+    raise RuntimeError("this GraphModule's code was not generated (passes.specialize.module_without_code): "
+                       "call recompile() before running it")
 
 
 def _replace_with_constant(node: fx.Node, value) -> None:

@@ -161,3 +161,30 @@ def test_a_step_that_rebinds_module_state_is_refused_and_the_module_put_back():
     t = {"in_x": torch.randn(1, 2), "state_cache": torch.randn(1, 7)}
     gm = specialize(sym, {"prompt": 4}, t, {})
     assert torch.equal(gm(t["in_x"], t["state_cache"])[0], t["in_x"] + 1)
+
+
+def test_a_module_without_code_refuses_to_run_until_recompiled():
+    """``module_without_code`` (a symbolic step read from disk, a copy about to be rewritten)
+    has no generated code: running it raises instead of running a stale forward."""
+    import torch.fx as fx
+    from cadence_fx.passes.specialize import module_without_code
+
+    class Scale(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.tensor([2.0, 3.0]))
+
+        def forward(self, x):
+            return x * self.w + 1
+
+    traced = fx.symbolic_trace(Scale())
+    graph = fx.Graph()
+    graph.output(graph.graph_copy(traced.graph, {}))
+    gm = module_without_code(traced, graph)
+    x = torch.tensor([1.0, 1.0])
+    with pytest.raises(RuntimeError, match="code was not generated"):
+        gm(x)
+    assert gm.w is traced.w  # its constants are the root's, shared
+    gm.recompile()
+    assert torch.equal(gm(x), traced(x))
+    assert torch.equal(traced(x), torch.tensor([3.0, 4.0]))  # the root's own code is untouched
