@@ -44,6 +44,7 @@ from .plan import CatalogEntry, Plan, TensorSpec, make_plan
 from .programs import ProgramStore
 from .programs.entry import specialized_entry
 from .runtime.arena import Arena
+from .runtime.counters import COMPILE_KEYS
 from .runtime.graphs import CapturedRegion
 from .runtime.session import EntryProgram, Executable, Session, StockStateSession
 from .runtime.variants import (DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, DEFAULT_POLICY, VariantKey, VariantRefused,
@@ -362,9 +363,9 @@ def check_signature(declaration: Declaration, sig: meta.StepSignature, plan: Pla
 
 
 def _setup_totals(per_entry: dict) -> dict:
-    """Seconds spent tracing, specializing and in the passes, over every entry."""
-    keys = ("trace_s", "specialize_s", "passes_s")
-    out = {k: round(sum(e.get(k, 0.0) for e in per_entry.values()), 3) for k in keys}
+    """Seconds spent tracing, specializing, in the passes and waiting for another process's
+    trace (``COMPILE_KEYS``), over every entry."""
+    out = {k: round(sum(e.get(k, 0.0) for e in per_entry.values()), 3) for k in COMPILE_KEYS}
     out["total_s"] = round(sum(out.values()), 3)
     return out
 

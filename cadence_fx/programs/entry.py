@@ -89,7 +89,8 @@ def specialized_entry(adapter, plan_at: Callable[[dict], Plan], plan: Plan, entr
     """The entry's graph specialized from one of the model's symbolic steps (traced here
     if none serves and a variant is left); ``None`` (with ``setup["reason"]``) where none
     can: the caller traces concretely.  ``setup`` gets ``how``, ``trace_s``,
-    ``specialize_s``, ``program`` (memory, disk, not cached, rejected: ...) and ``variant``.
+    ``specialize_s``, ``program`` (memory, disk, not cached, rejected: ...) and ``variant``,
+    and ``waited_s`` where another process sharing the disk cache was tracing it.
 
     ``example_inputs``/``flags``: an off-catalog chunk at this entry's state (another
     input shape, a flush): its own symbolic steps, keyed by those shapes (the axes
@@ -130,7 +131,10 @@ def specialized_entry(adapter, plan_at: Callable[[dict], Plan], plan: Plan, entr
         fresh = sym is None
         if fresh:
             # one process traces a key: another sharing the disk cache waits, then loads it
+            t_claim = time.perf_counter()
             with programs.tracing(key, adapter, f"entry {entry.index + 1} variant {variant}") as waited:
+                if waited:
+                    setup["waited_s"] = round(time.perf_counter() - t_claim, 3)
                 if waited or (setup["program"] == "not cached" and programs.on_disk(key, adapter)):
                     sym, setup["program"] = programs.lookup(key, adapter, prepare)
                     fresh = sym is None

@@ -7,7 +7,7 @@ import dataclasses
 from typing import Mapping, Sequence
 
 #: the compile's seconds (per entry in ``Executable.notes["setup"]``, totals in ``notes["setup_s"]``)
-COMPILE_KEYS = ("trace_s", "specialize_s", "passes_s")
+COMPILE_KEYS = ("trace_s", "specialize_s", "passes_s", "waited_s")
 
 
 @dataclasses.dataclass
@@ -18,7 +18,9 @@ class SetupTimes:
     compiled it (``compiled``, the first opened on it) carries the compile's
     ``trace_s``/``specialize_s``/``passes_s`` and how each entry got its graph
     (``how``: entry -> "traced", "traced symbolic, specialized" or "specialized");
-    every later session reports 0 for them.  ``capture_s`` is this session's own CUDA-graph
+    every later session reports 0 for them.  ``waited_s``: the compile's wait for another
+    process that shared the disk cache and was tracing a program it needed (then loaded,
+    not traced).  ``capture_s`` is this session's own CUDA-graph
     capture (0 without replay).  The stream's setup from its prompt is not counted.
     """
 
@@ -26,6 +28,7 @@ class SetupTimes:
     trace_s: float = 0.0
     specialize_s: float = 0.0
     passes_s: float = 0.0
+    waited_s: float = 0.0
     capture_s: float = 0.0
     how: Mapping[int, str] = dataclasses.field(default_factory=dict)
 

@@ -43,7 +43,9 @@ def how_words(split: dict) -> str:
 def setup_words(split: dict) -> str:
     """``how_words`` and the seconds of each part of a session's set-up."""
     return (f"{how_words(split)} (trace {split['trace_s']:.2f} s, specialize {split['specialize_s']:.2f} s, "
-            f"passes {split['passes_s']:.2f} s, capture {split['capture_s']:.2f} s)")
+            f"passes {split['passes_s']:.2f} s, capture {split['capture_s']:.2f} s"
+            + (f", waited {split['waited_s']:.2f} s for another process's trace" if split.get("waited_s") else "")
+            + ")")
 
 
 def setup_row(prompt_tokens: int, seconds: float, split: dict) -> dict:

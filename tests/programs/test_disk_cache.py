@@ -273,6 +273,9 @@ def test_a_claimed_key_waits_for_its_holder_and_loads_what_it_wrote(tmp_path):
     adapter, exe = result["exe"]
     assert _how(exe) == [("specialized", "disk")] * 3, exe.notes["setup"]
     assert store.disk.counts["writes"] == 0 and store.disk.counts["hits"] == 3
+    waited = [e.get("waited_s") for _, e in sorted(exe.notes["setup"].items())]
+    assert waited[0] > 0 and waited[1:] == [None, None], waited  # entry 1 waited; 2 and 3 were written by then
+    assert exe.notes["setup_s"]["waited_s"] == waited[0]  # and the compile's total counts it
     _exact(model, adapter, exe, 9)
     # an entry claimed and found written by the time the claim is granted is not traced again
     (key, _), *_ = saved.items()

@@ -16,7 +16,7 @@ from cadence_fx.compiler import _compile
 
 from helpers.toy_models import ToyAdapter, make_toy, toy_inputs, toy_prompt
 
-SPLIT_KEYS = {"trace_s", "specialize_s", "passes_s", "capture_s", "total_s", "compiled", "how"}
+SPLIT_KEYS = {"trace_s", "specialize_s", "passes_s", "waited_s", "capture_s", "total_s", "compiled", "how"}
 
 
 def test_the_first_session_carries_the_compile_and_later_ones_report_none():
@@ -30,9 +30,11 @@ def test_the_first_session_carries_the_compile_and_later_ones_report_none():
     assert split["compiled"] is True and split["trace_s"] == compiled["trace_s"] > 0
     assert split["passes_s"] == compiled["passes_s"] > 0
     assert split["specialize_s"] == 0 and split["capture_s"] == 0  # no symbolic dims; rule S captures nothing
+    assert split["waited_s"] == 0  # no other process traced it
     assert split["total_s"] == round(split["trace_s"] + split["passes_s"], 3)
     assert split["how"] == {str(e.index): "traced" for e in exe.plan.catalog}
-    assert second.stats()["setup_s"] == {"trace_s": 0.0, "specialize_s": 0.0, "passes_s": 0.0, "capture_s": 0.0,
+    assert second.stats()["setup_s"] == {"trace_s": 0.0, "specialize_s": 0.0, "passes_s": 0.0, "waited_s": 0.0,
+                                         "capture_s": 0.0,
                                          "total_s": 0.0, "compiled": False, "how": {}}
 
 

@@ -141,7 +141,7 @@ VERIFY_FIELDS = {"exact", "chunks", "mismatches", "pcm_sha256_stock", "pcm_sha25
                  "rules", "device", "dtype", "n_timesteps", "prompt_tokens", "seed", "fallbacks", "fallback_reasons",
                  "stats", "arena_bytes", "state_bytes", "stock_state_bytes", "compile_s", "torch",
                  "setup_s", "setups", "per_prompt"}
-SETUP_KEYS = {"trace_s", "specialize_s", "passes_s", "capture_s", "total_s", "compiled", "how"}
+SETUP_KEYS = {"trace_s", "specialize_s", "passes_s", "waited_s", "capture_s", "total_s", "compiled", "how"}
 CHUNK_FIELDS = {"chunk", "last", "route", "samples", "wave_equal", "pcm_equal", "state_equal", "mismatched",
                 "pcm_sha256", "stock_ms", "opt_ms"}
 
