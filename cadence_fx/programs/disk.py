@@ -21,7 +21,9 @@ The directory is trusted like torch's own compile caches: the payload is a pickl
 Processes sharing a directory (replicas starting together, test workers) trace a key
 once: ``claim`` holds ``<key>.lock`` (an advisory ``flock``, released by the OS if the
 holder dies) while the compiler looks again and traces; a second process waits, says
-so through the progress callback, then loads what the first wrote.
+so through the progress callback, then loads what the first wrote.  It waits at most
+``wait_s`` (``$CADENCE_FX_CACHE_WAIT_S``, default 900 s): a holder that hangs makes the
+waiter trace on its own, never wait forever.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ from .serialize import ModuleTensorDiffers, Rejected, decode_step, encode_step
 FORMAT = 2  # 2: symbolic steps traced with trace_memo (and its stats stored)
 MAGIC = b"cadence_fx symbolic step\n"
 ENV = "CADENCE_FX_CACHE_DIR"
+WAIT_ENV = "CADENCE_FX_CACHE_WAIT_S"
+DEFAULT_WAIT_S = 900.0  # a released model's first trace takes minutes on a small CPU
 
 
 def default_cache_dir() -> Path:
@@ -97,12 +101,22 @@ class DiskCache:
 
     ``counts``: ``hits``, ``misses``, ``rejected``, ``writes``, ``unsaved``, ``waits``
     (claims that found another process tracing the key); ``last_rejection``: the last
-    entry ``load`` rejected and why (``None``: none yet).
+    entry ``load`` rejected and why (``None``: none yet).  ``wait_s``: the longest a claim
+    waits for another holder (default ``$CADENCE_FX_CACHE_WAIT_S``, else 900 s).
     """
 
-    def __init__(self, directory: "str | os.PathLike", progress: Callable[[str], None] | None = None):
+    def __init__(self, directory: "str | os.PathLike", progress: Callable[[str], None] | None = None,
+                 wait_s: float | None = None):
         self.directory = Path(directory).expanduser()
         self.progress = progress
+        if wait_s is None:
+            try:
+                wait_s = float(os.environ.get(WAIT_ENV) or DEFAULT_WAIT_S)
+            except ValueError:
+                raise ValueError(f"${WAIT_ENV} must be a number of seconds, not {os.environ[WAIT_ENV]!r}") from None
+        if not wait_s >= 0:
+            raise ValueError(f"wait_s must be >= 0 seconds, not {wait_s!r}")
+        self.wait_s = float(wait_s)
         self.counts = {"hits": 0, "misses": 0, "rejected": 0, "writes": 0, "unsaved": 0, "waits": 0}
         self.last_rejection: str | None = None
 
@@ -119,6 +133,8 @@ class DiskCache:
     def claim(self, parts: Mapping[str, Any], what: str = "") -> Iterator[bool]:
         """Hold the entry's lock while the caller looks again and traces it; yields whether
         it had to wait for another holder (who may have written the entry meanwhile).
+        After ``wait_s`` it stops waiting and yields ``True`` without the lock (the caller
+        looks again, then traces on its own; ``save`` replaces files atomically).
 
         Without ``fcntl`` (Windows) or a writable directory it holds nothing (each process
         traces on its own, as before).  Threads of one process exclude each other too
@@ -137,15 +153,23 @@ class DiskCache:
             yield False
             return
         try:
-            waited = False
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                waited, t0 = True, time.perf_counter()
+            name = what or path.stem[:16]
+            waited = not _try_lock(fcntl, fd)
+            if waited:
                 self.counts["waits"] += 1
-                self._say(f"program cache: another process is tracing {what or path.stem[:16]}; waiting for it")
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                self._say(f"program cache: waited {time.perf_counter() - t0:.1f} s for {what or path.stem[:16]}")
+                self._say(f"program cache: another process is tracing {name}; waiting for it "
+                          f"(at most {self.wait_s:g} s)")
+                t0, pause = time.perf_counter(), 0.02
+                while not _try_lock(fcntl, fd):
+                    left = self.wait_s - (time.perf_counter() - t0)
+                    if left <= 0:
+                        self._say(f"program cache: gave up waiting for {name} after {self.wait_s:g} s; "
+                                  "tracing it here")
+                        break
+                    time.sleep(min(pause, left))
+                    pause = min(pause * 2, 0.5)
+                else:
+                    self._say(f"program cache: waited {time.perf_counter() - t0:.1f} s for {name}")
             yield waited
         finally:
             os.close(fd)  # releases the lock (the file stays: removing it would race a waiter)
@@ -238,6 +262,14 @@ class DiskCache:
         self.last_rejection = f"{path.name}: {reason}"
         self._say(f"program cache: rejected {path.name}: {reason}; tracing again")
         return reason
+
+
+def _try_lock(fcntl, fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
 def _line(e: BaseException) -> str:

@@ -283,6 +283,36 @@ def test_a_claimed_key_waits_for_its_holder_and_loads_what_it_wrote(tmp_path):
         assert waited is False
 
 
+def test_a_holder_that_never_lets_go_is_waited_for_at_most_wait_s_then_traced_here(tmp_path, monkeypatch):
+    model = make_toy()
+    traced = ProgramStore()
+    _compile(model, 5, traced)
+    keys = [key for key, _ in traced.items()]
+    holder = DiskCache(tmp_path)
+    claims = [holder.claim(key_parts(SymbolicToyAdapter(model, 5), key)) for key in keys]
+    for c in claims:
+        c.__enter__()
+    said = []
+    store = ProgramStore(disk=DiskCache(tmp_path, progress=said.append, wait_s=0.2))
+    try:
+        adapter, exe = _compile(model, 6, store)
+    finally:
+        for c in claims:
+            c.__exit__(None, None, None)
+    assert _how(exe) == [("traced symbolic, specialized", "not cached")] * 3, exe.notes["setup"]
+    assert store.disk.counts["waits"] == 3 and store.disk.counts["writes"] == 3
+    assert sum("gave up waiting for entry" in m and "after 0.2 s; tracing it here" in m for m in said) == 3, said
+    assert all(e["waited_s"] >= 0.2 for e in exe.notes["setup"].values())
+    _exact(model, adapter, exe, 6)
+    monkeypatch.setenv("CADENCE_FX_CACHE_WAIT_S", "soon")
+    with pytest.raises(ValueError, match=r"\$CADENCE_FX_CACHE_WAIT_S must be a number of seconds, not 'soon'"):
+        DiskCache(tmp_path)
+    monkeypatch.setenv("CADENCE_FX_CACHE_WAIT_S", "30")
+    assert DiskCache(tmp_path).wait_s == 30.0
+    with pytest.raises(ValueError, match="wait_s must be >= 0"):
+        DiskCache(tmp_path, wait_s=-1)
+
+
 def test_a_claim_without_a_writable_directory_holds_nothing(tmp_path):
     blocked = tmp_path / "file"
     blocked.write_text("not a directory")
