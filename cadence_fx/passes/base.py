@@ -135,10 +135,40 @@ def is_random(node: fx.Node) -> bool:
     return False
 
 
+@dataclasses.dataclass(frozen=True)
+class _SchemaFacts:
+    """What the classifiers below read from an operator's schema (``t._schema`` builds a
+    new Python object on every access: read once per operator, not once per node)."""
+
+    mutable: bool
+    view: bool  # the first output aliases the first input, without a write
+    returns_written: bool  # the result is the (written) first argument, e.g. ``copy_``
+    written: tuple[tuple[int, str], ...]  # (position, name) of every argument it writes
+
+
+_FACTS: dict = {}
+
+
+def _facts(t: torch._ops.OpOverload) -> _SchemaFacts:
+    facts = _FACTS.get(t)
+    if facts is None:
+        schema = t._schema
+        ret = schema.returns[0].alias_info if schema.returns else None
+        first = schema.arguments[0].alias_info if schema.arguments else None
+        facts = _FACTS[t] = _SchemaFacts(
+            mutable=schema.is_mutable,
+            view=not schema.is_mutable and bool(schema.returns) and ret is not None and not ret.is_write,
+            returns_written=(ret is not None and ret.is_write and first is not None and first.is_write
+                             and ret.before_set == first.before_set),
+            written=tuple((i, a.name) for i, a in enumerate(schema.arguments)
+                          if a.alias_info is not None and a.alias_info.is_write))
+    return facts
+
+
 def is_mutating(node: fx.Node) -> bool:
     t = node.target
     if isinstance(t, torch._ops.OpOverload):
-        return t._schema.is_mutable
+        return _facts(t).mutable
     return False
 
 
@@ -149,21 +179,13 @@ def is_view(node: fx.Node) -> bool:
         return True
     if not isinstance(t, torch._ops.OpOverload):
         return False
-    schema = t._schema
-    if schema.is_mutable or not schema.returns:
-        return False
-    info = schema.returns[0].alias_info
-    return info is not None and not info.is_write
+    return _facts(t).view
 
 
 def returns_written(node: fx.Node) -> bool:
     """An in-place op whose result is its first (written) argument, e.g. ``copy_``."""
     t = node.target
-    if not isinstance(t, torch._ops.OpOverload) or not t._schema.returns or not t._schema.arguments:
-        return False
-    ret, first = t._schema.returns[0].alias_info, t._schema.arguments[0].alias_info
-    return (ret is not None and ret.is_write and first is not None and first.is_write
-            and ret.before_set == first.before_set)
+    return isinstance(t, torch._ops.OpOverload) and _facts(t).returns_written
 
 
 def view_root(node: fx.Node) -> fx.Node:
@@ -197,13 +219,12 @@ def written_args(node: fx.Node) -> list[fx.Node]:
     if not isinstance(t, torch._ops.OpOverload):
         return []
     out = []
-    for i, arg in enumerate(t._schema.arguments):
-        if arg.alias_info is not None and arg.alias_info.is_write:
-            val = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
-            if isinstance(val, fx.Node):
-                out.append(val)
-            elif isinstance(val, (list, tuple)):
-                out.extend(v for v in val if isinstance(v, fx.Node))
+    for i, name in _facts(t).written:
+        val = node.args[i] if i < len(node.args) else node.kwargs.get(name)
+        if isinstance(val, fx.Node):
+            out.append(val)
+        elif isinstance(val, (list, tuple)):
+            out.extend(v for v in val if isinstance(v, fx.Node))
     return out
 
 

@@ -691,3 +691,42 @@ class TestPassManager(TestCase):
 
 if __name__ == "__main__":
     pytest.main([__file__, "-q"])
+
+
+def test_op_classifiers_read_each_schema_once_and_say_what_the_schema_says():
+    """``is_view``, ``returns_written``, ``is_mutating`` and ``written_args`` read an operator's
+    schema once (``base._facts``); over every overload of every aten op they agree with
+    reading the schema directly, node by node (the rules as written before the cache)."""
+    import torch.fx as fx
+    from cadence_fx.passes import base
+
+    def direct(t):
+        schema = t._schema
+        ret = schema.returns[0].alias_info if schema.returns else None
+        view = not (schema.is_mutable or not schema.returns) and ret is not None and not ret.is_write
+        first = schema.arguments[0].alias_info if schema.arguments else None
+        rw = bool(schema.returns and schema.arguments) and (
+            ret is not None and ret.is_write and first is not None and first.is_write
+            and ret.before_set == first.before_set)
+        written = [i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+        return view, rw, schema.is_mutable, written
+
+    graph = fx.Graph()
+    seen = views = writes = 0
+    for name in ("view", "slice", "select", "narrow", "transpose", "permute", "expand", "unsqueeze", "as_strided",
+                 "split", "unbind", "copy_", "index_put_", "add_", "zero_", "fill_", "scatter_"):
+        getattr(torch.ops.aten, name)  # loaded, so ``dir`` lists them
+    for name in sorted(dir(torch.ops.aten)):
+        packet = getattr(torch.ops.aten, name, None)
+        if not isinstance(packet, torch._ops.OpOverloadPacket):
+            continue
+        for overload in packet.overloads():
+            t = getattr(packet, overload)
+            n_args = len(t._schema.arguments)
+            args = tuple(graph.placeholder(f"a{seen}_{i}") for i in range(n_args))
+            node = graph.call_function(t, args)
+            view, rw, mutable, written = direct(t)
+            assert (base.is_view(node), base.returns_written(node), base.is_mutating(node)) == (view, rw, mutable), t
+            assert base.written_args(node) == [args[i] for i in written], t
+            seen, views, writes = seen + 1, views + view, writes + bool(written)
+    assert seen > 1000 and views > 30 and writes > 200, (seen, views, writes)
