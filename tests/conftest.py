@@ -48,7 +48,7 @@ def t2w():
     return types.SimpleNamespace(tail=tail, opt=cadence_fx.optimize(tail), steps=2)
 
 
-# The files' CPU seconds in a clean-clone CI run (2 cores, two workers; 2026-12-01),
+# Seconds per file in a cold run of the suite (2 cores, two workers; 2026-12-01),
 # heaviest first: pytest-xdist's ``--dist loadfile`` hands files out in order, and by
 # default orders them by their number of tests, which put the few-test, minutes-long
 # files last and left one worker idle while the other finished them.  Only the order
