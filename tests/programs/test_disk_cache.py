@@ -8,6 +8,7 @@ length is symbolic; milliseconds per trace); one uses the shared Token2Wav model
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -241,6 +242,17 @@ def test_a_table_moved_on_first_use_is_prepared_then_bound(tmp_path):
     assert_lockstep_exact(stock, stock_state, adapter.open_session(exe, prompt), toy_inputs(N_STEPS), 7)
 
 
+@contextlib.contextmanager
+def _holding(directory, model, keys):
+    """Another holder's claims on ``keys`` (of the toy ``model``) in ``directory``, all
+    granted at once, released on leaving (also when an assertion inside fails)."""
+    holder = DiskCache(directory)
+    with contextlib.ExitStack() as stack:
+        got = [stack.enter_context(holder.claim(key_parts(SymbolicToyAdapter(model, 5), key))) for key in keys]
+        assert got == [False] * len(keys)  # nobody held them
+        yield
+
+
 def test_a_claimed_key_waits_for_its_holder_and_loads_what_it_wrote(tmp_path):
     """Processes sharing a directory trace a key once: while another holds an entry's
     claim, the compiler waits (and says so), then specializes what the holder wrote,
@@ -252,23 +264,19 @@ def test_a_claimed_key_waits_for_its_holder_and_loads_what_it_wrote(tmp_path):
     saver, saved = _saved(source)
     shared = tmp_path / "shared"
     model = make_toy()
-    holder = DiskCache(shared)
-    claims = [holder.claim(key_parts(SymbolicToyAdapter(model, 5), key)) for key, _ in saved.items()]
-    assert [c.__enter__() for c in claims] == [False] * 3  # nobody held them
     said = []
-    store = ProgramStore(disk=DiskCache(shared, progress=said.append))
+    store = ProgramStore(disk=DiskCache(shared, progress=said.append, wait_s=120))  # a failure cannot hang the run
     result = {}
-    compiling = threading.Thread(target=lambda: result.update(exe=_compile(model, 9, store)))
-    compiling.start()
-    deadline = time.monotonic() + 60
-    while store.disk.counts["waits"] == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert store.disk.counts["waits"] == 1 and compiling.is_alive()
-    assert any("another process is tracing entry 1 variant 0; waiting" in m for m in said), said
-    for f in source.glob("*.cfx"):  # the holder writes its entries, then lets go
-        shutil.copy(f, shared / f.name)
-    for c in claims:
-        c.__exit__(None, None, None)
+    compiling = threading.Thread(target=lambda: result.update(exe=_compile(model, 9, store)), daemon=True)
+    with _holding(shared, model, [key for key, _ in saved.items()]):
+        compiling.start()
+        deadline = time.monotonic() + 60
+        while store.disk.counts["waits"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert store.disk.counts["waits"] == 1 and compiling.is_alive()
+        assert any("another process is tracing entry 1 variant 0; waiting" in m for m in said), said
+        for f in source.glob("*.cfx"):  # the holder writes its entries, then lets go
+            shutil.copy(f, shared / f.name)
     compiling.join(60)
     adapter, exe = result["exe"]
     assert _how(exe) == [("specialized", "disk")] * 3, exe.notes["setup"]
@@ -287,18 +295,10 @@ def test_a_holder_that_never_lets_go_is_waited_for_at_most_wait_s_then_traced_he
     model = make_toy()
     traced = ProgramStore()
     _compile(model, 5, traced)
-    keys = [key for key, _ in traced.items()]
-    holder = DiskCache(tmp_path)
-    claims = [holder.claim(key_parts(SymbolicToyAdapter(model, 5), key)) for key in keys]
-    for c in claims:
-        c.__enter__()
     said = []
     store = ProgramStore(disk=DiskCache(tmp_path, progress=said.append, wait_s=0.2))
-    try:
+    with _holding(tmp_path, model, [key for key, _ in traced.items()]):
         adapter, exe = _compile(model, 6, store)
-    finally:
-        for c in claims:
-            c.__exit__(None, None, None)
     assert _how(exe) == [("traced symbolic, specialized", "not cached")] * 3, exe.notes["setup"]
     assert store.disk.counts["waits"] == 3 and store.disk.counts["writes"] == 3
     assert sum("gave up waiting for entry" in m and "after 0.2 s; tracing it here" in m for m in said) == 3, said
