@@ -34,6 +34,7 @@ import torch
 
 from ..errors import CadenceError
 from ..plan import same_layout
+from .interpret import run_piece
 
 
 class CaptureFailed(CadenceError, RuntimeError):
@@ -152,7 +153,7 @@ class CapturedRegion(torch.nn.Module):
         with self.rng.capturing() if self.rng is not None else contextlib.nullcontext():
             try:
                 with torch.cuda.graph(graph, pool=pool, stream=stream):
-                    out = self.piece(*call_args)
+                    out = run_piece(self.piece, call_args)
             except Exception as e:
                 _release_generator(pool, stream)  # the generator state this capture used
                 raise CaptureFailed(f"{self.name}: capture failed: {type(e).__name__}: {e}") from e
@@ -223,7 +224,9 @@ def capture_entry(parent: torch.fx.GraphModule, args: Sequence[Any], pool, arena
         if isinstance(mod, CapturedRegion) and mod.trivial:
             return mod.piece(*args_)  # views only (lowering said so): an empty capture would be useless
         if isinstance(mod, CapturedRegion):
-            out = mod.piece(*args_)  # warm-up: lazy inits (cuBLAS handles, workspaces) outside capture
+            # warm-up: lazy inits (cuBLAS handles, workspaces) outside capture; warm-up and
+            # capture walk the piece's graph (interpret.py): its code is never generated
+            out = run_piece(mod.piece, args_)
             torch.cuda.synchronize()
             try:
                 mod.capture(args_, pool, stream, arena_ptr)
