@@ -92,35 +92,7 @@ def specialize(sym: SymbolicStep, dims: Mapping[str, int], tensors: Mapping[str,
     named.update({f"buf_{r}": t for r, t in buffers.items()})
     binding = check_binding(sym, dims, named)
 
-    gm = _copy_module(sym.gm)
-
-    for node in list(gm.graph.nodes):  # 2. int/bool nodes -> values
-        value = node.meta.get(meta.SYM)
-        if node.op != "placeholder" and value is not None and not isinstance(value, (SymTensor, list, tuple)):
-            _replace_with_constant(node, _value(value, binding, node.name))
-    for node in list(gm.graph.nodes):
-        if node.op == "call_function" and node.target in _ASSERTS:
-            if node.args and node.args[0] is not True and node.target is torch.ops.aten._assert_scalar.default:
-                raise SpecializationRefused(f"runtime assert {node.args[1:] or node.name} fails at {dict(dims)}")
-            gm.graph.erase_node(node)
-    for node in list(gm.graph.nodes):  # markers, then buffers
-        if node.op == "placeholder" and meta.role(node) is Role.DIM:
-            if node.users:
-                raise SpecializationRefused(f"{node.name} is used by {list(node.users)} after binding the dims")
-            gm.graph.erase_node(node)
-    first = next(n for n in gm.graph.nodes if n.op != "placeholder")
-    for node in list(gm.graph.nodes):
-        if node.op == "placeholder" and meta.role(node) is Role.BUFFER:
-            region = meta.region(node)
-            attr = f"_cadence_buffer_{region}"
-            setattr(gm, attr, buffers[region])
-            with gm.graph.inserting_before(first):
-                get = gm.graph.create_node("get_attr", attr)  # a plain attribute, as make_fx makes its constants
-            get.meta.update({k: v for k, v in node.meta.items() if k != "val"})
-            meta.tag(get, Role.BUFFER, region=region)
-            node.replace_all_uses_with(get)
-            gm.graph.erase_node(node)
-
+    gm = _bound_copy(sym, binding, dims, buffers)
     _record_values(gm, binding, sym)
     _drop_whole_slices(gm)
     sig = meta.signature(sym.gm)
@@ -133,24 +105,76 @@ def specialize(sym: SymbolicStep, dims: Mapping[str, int], tensors: Mapping[str,
     return gm
 
 
-def _copy_module(src: fx.GraphModule) -> fx.GraphModule:
-    """A new GraphModule over a copy of ``src``'s graph, sharing its constants, without
-    generating code (``fx.GraphModule(root, graph)`` would, for a graph about to change)."""
+class _Dim:
+    """A dims marker's place in the walk: a node still reading it is refused."""
+
+
+def _bound_copy(sym: SymbolicStep, binding: Mapping, dims: Mapping[str, int],
+                buffers: Mapping[str, torch.Tensor]) -> fx.GraphModule:
+    """Steps 2 and 3 in one walk over the symbolic graph: each int/bool node is its value
+    (no node), runtime asserts are checked and dropped, the ``dim_*`` markers go, each
+    ``buf_<region>`` placeholder is a ``get_attr`` (after the placeholders), and every
+    other node is copied with those values in its arguments."""
+    src = sym.gm.graph
     graph = fx.Graph()
-    graph.output(graph.graph_copy(src.graph, {}))
-    return module_without_code(src, graph)
+    env: dict = {}
+    marker = _Dim()
+    attrs: dict[str, torch.Tensor] = {}
+    buffers_pending: list[fx.Node] = []
+
+    def arg(n: fx.Node):
+        v = env[n]
+        if v is marker:
+            raise SpecializationRefused(f"{n.name} is used by {list(n.users)} after binding the dims")
+        return v
+
+    for node in src.nodes:
+        if node.op == "placeholder":
+            role = meta.role(node)
+            if role is Role.DIM:
+                env[node] = marker
+            elif role is Role.BUFFER:
+                buffers_pending.append(node)
+            else:
+                env[node] = graph.node_copy(node, arg)
+            continue
+        for b in buffers_pending:  # buffers become constants, read where the placeholders end
+            region = meta.region(b)
+            attr = f"_cadence_buffer_{region}"
+            attrs[attr] = buffers[region]
+            get = graph.create_node("get_attr", attr)  # a plain attribute, as make_fx makes its constants
+            get.meta.update({k: v for k, v in b.meta.items() if k != "val"})
+            meta.tag(get, Role.BUFFER, region=region)
+            env[b] = get
+        buffers_pending = []
+        value = node.meta.get(meta.SYM)
+        if node.op != "output" and value is not None and not isinstance(value, (SymTensor, list, tuple)):
+            env[node] = _value(value, binding, node.name)  # what it reads is dropped with it
+            continue
+        if node.op == "call_function" and node.target in _ASSERTS:
+            args = fx.node.map_arg(node.args, lambda n: n if env[n] is marker else env[n])
+            if args and args[0] is not True and node.target is torch.ops.aten._assert_scalar.default:
+                raise SpecializationRefused(f"runtime assert {args[1:] or node.name} fails at {dict(dims)}")
+            continue
+        env[node] = graph.node_copy(node, arg)
+    return module_without_code(sym.gm, graph, attrs)
 
 
-def module_without_code(root: torch.nn.Module, graph: fx.Graph) -> fx.GraphModule:
+def module_without_code(root: torch.nn.Module, graph: fx.Graph,
+                        attrs: "Mapping[str, torch.Tensor] | None" = None) -> fx.GraphModule:
     """A GraphModule over ``graph`` holding the attributes of ``root`` its ``get_attr``
     nodes name, as ``fx.GraphModule(root, graph)`` builds it but without generating its
     Python code: its ``forward`` is stale (an empty graph's) until ``recompile()``.  For
     a graph that is only read or about to change: a symbolic step (never run, only
-    specialized), a copy the passes rewrite.  Calling it before ``recompile()`` raises."""
+    specialized), a copy the passes rewrite.  Calling it before ``recompile()`` raises.
+    ``attrs``: attributes set as they are (a ``get_attr`` of one reads it, not ``root``)."""
     gm = fx.GraphModule(root, fx.Graph())  # an empty graph: nothing to copy, trivial code
     from torch.fx.graph_module import _copy_attr  # what GraphModule.__init__ uses (dotted names too)
+    attrs = dict(attrs or {})
+    for name, value in attrs.items():
+        setattr(gm, name, value)
     for node in graph.nodes:
-        if node.op == "get_attr":
+        if node.op == "get_attr" and node.target not in attrs:
             _copy_attr(root, gm, node.target)
     gm._graph = graph  # the property setter would generate code
     graph.owning_module = gm
@@ -161,27 +185,6 @@ def module_without_code(root: torch.nn.Module, graph: fx.Graph) -> fx.GraphModul
 def _not_generated(self, *args, **kwargs):
     raise RuntimeError("this GraphModule's code was not generated (passes.specialize.module_without_code): "
                        "call recompile() before running it")
-
-
-def _replace_with_constant(node: fx.Node, value) -> None:
-    for user in list(node.users):
-        user.args = _sub(user.args, node, value)
-        user.kwargs = _sub(user.kwargs, node, value)
-    node.graph.erase_node(node)
-
-
-def _sub(a, node, value):
-    if a is node:
-        return value
-    if isinstance(a, tuple):
-        return tuple(_sub(x, node, value) for x in a)
-    if isinstance(a, list):
-        return [_sub(x, node, value) for x in a]
-    if isinstance(a, dict):
-        return {k: _sub(v, node, value) for k, v in a.items()}
-    if isinstance(a, slice):
-        return slice(_sub(a.start, node, value), _sub(a.stop, node, value), _sub(a.step, node, value))
-    return a
 
 
 def _record_values(gm: fx.GraphModule, binding: Mapping, sym: SymbolicStep) -> None:
