@@ -68,27 +68,37 @@ def _arena(gm: fx.GraphModule, region: str) -> fx.Node:
 
 
 def _access(gm: fx.GraphModule) -> tuple[dict, dict, dict]:
-    """Per node: the roots of what it reads and of what it writes, and ``view_roots``."""
+    """``view_roots``, and per root the nodes that read it (through any view) and the
+    nodes that write it: what ``_latest_dependency`` asks of every node, indexed once."""
     root_of = view_roots(gm)
-    reads = {n: {root_of[a] for a in n.all_input_nodes} for n in gm.graph.nodes}
-    writes = {n: {root_of[w] for w in written_args(n)} for n in gm.graph.nodes}
-    return root_of, reads, writes
+    readers: dict[fx.Node, list[fx.Node]] = {}
+    writers: dict[fx.Node, list[fx.Node]] = {}
+    for n in gm.graph.nodes:
+        if n.op in ("placeholder", "output"):
+            continue
+        for r in {root_of[a] for a in n.all_input_nodes}:
+            readers.setdefault(r, []).append(n)
+        for r in {root_of[w] for w in written_args(n)}:
+            writers.setdefault(r, []).append(n)
+    return root_of, readers, writers
 
 
 def _latest_dependency(gm: fx.GraphModule, group: Sequence[fx.Node], arena: fx.Node,
-                       access: tuple[dict, dict, dict] | None = None) -> fx.Node:
-    """The last node the group must follow (``access``: ``_access(gm)``, computed if not given)."""
-    root_of, reads, writes = _access(gm) if access is None else access
+                       access: tuple[dict, dict, dict] | None = None,
+                       order: dict | None = None) -> fx.Node:
+    """The last node the group must follow: its sources, every node that reads the
+    region's arena memory, and every node that writes what a source aliases
+    (``access``: ``_access(gm)``; ``order``: node -> position; computed if not given)."""
+    root_of, readers, writers = _access(gm) if access is None else access
     members = set(group)
     sources = [a for n in group for a in n.all_input_nodes if a not in members]
     roots = {root_of[a] for a in sources if a is not arena}
     must_follow = set(sources)
-    for n in gm.graph.nodes:
-        if n in members or n.op in ("placeholder", "output"):
-            continue
-        if arena in reads[n] or not roots.isdisjoint(writes[n]):
-            must_follow.add(n)
-    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    must_follow.update(n for n in readers.get(arena, ()) if n not in members)
+    for r in roots:
+        must_follow.update(n for n in writers.get(r, ()) if n not in members)
+    if order is None:
+        order = {n: i for i, n in enumerate(gm.graph.nodes)}
     return max(must_follow, key=order.__getitem__)
 
 
@@ -118,8 +128,8 @@ class EarlyWriteback(CadencePass):
         moved: dict[str, int] = {}
         access = _access(gm)  # moving nodes changes their order, not what they read, write or alias
         for region, group in _groups(gm).items():
-            order = {n: i for i, n in enumerate(gm.graph.nodes)}
-            anchor = _latest_dependency(gm, group, _arena(gm, region), access)
+            order = {n: i for i, n in enumerate(gm.graph.nodes)}  # as the groups moved so far left it
+            anchor = _latest_dependency(gm, group, _arena(gm, region), access, order)
             if order[group[0]] <= order[anchor] + 1:
                 continue  # already right after what it depends on
             skipped = order[group[0]] - order[anchor] - 1
@@ -134,7 +144,7 @@ class EarlyWriteback(CadencePass):
         order = {n: i for i, n in enumerate(gm.graph.nodes)}
         access = _access(gm)
         for region, group in _groups(gm).items():
-            anchor = _latest_dependency(gm, group, _arena(gm, region), access)
+            anchor = _latest_dependency(gm, group, _arena(gm, region), access, order)
             if order[group[0]] <= order[anchor]:
                 raise PassError(f"early_writeback: the write-back of {region!r} comes before {anchor.name}")
         if self.check_hazards and self.bindings:
