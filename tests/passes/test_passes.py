@@ -673,6 +673,25 @@ class TestPassManager(TestCase):
         with self.assertRaisesRegex(PassError, r"Boom failed after \[\]: the graph is on fire"):
             PassManager([Boom(), PruneDead()])(gm)
 
+    def test_a_malformed_graph_is_refused_after_the_last_pass_or_at_the_pass_in_debug_mode(self):
+        class Scramble(CadencePass):
+            """Moves the output before the node it returns: a use before its definition."""
+
+            def call(self, gm):
+                out = next(n for n in gm.graph.nodes if n.op == "output")
+                first = next(n for n in gm.graph.nodes if n.op == "call_function")
+                first.prepend(out)
+                return PassResult(gm, True)
+
+        passes = lambda: [PruneDead(), Scramble()]  # noqa: E731
+        with self.assertRaisesRegex(PassError, r"the graph after \['PruneDead', 'Scramble'\] is "
+                                               r"malformed: "):
+            PassManager(passes())(trace(lambda x: x * 2, torch.randn(2)))
+        with self.assertRaisesRegex(PassError, r"Scramble failed after \['PruneDead'\]: "):
+            PassManager(passes(), debug=True)(trace(lambda x: x * 2, torch.randn(2)))
+        with self.assertRaises(RuntimeError):  # called alone, a pass lints its own result
+            Scramble()(trace(lambda x: x * 2, torch.randn(2)))
+
     def test_checks_run_between_passes_in_debug_mode(self):
         def no_folded_constants(gm):
             if any(n.op == "get_attr" and n.target.startswith("_folded") for n in gm.graph.nodes):
