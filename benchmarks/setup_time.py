@@ -82,7 +82,9 @@ def run_cadence(args) -> dict:
         report = compare_streams(tail, opt, chunks, device, seed=tokens)
         rows.append({"prompt_tokens": tokens, "ready_s": round(ready, 3),
                      "how": [e["how"] for e in exe.notes["setup"].values()],
-                     "split": exe.notes.get("setup_s"), "exact": bool(report["exact"]),
+                     "split": exe.notes.get("setup_s"),
+                     "capture_s": round(opt.session.stats()["setup_s"].get("capture_s", 0.0), 3),
+                     "exact": bool(report["exact"]),
                      "pcm_sha256": report["pcm_sha256_optimized"], "chunks": len(chunks),
                      "mismatches": report["mismatches"][:3]})
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
