@@ -52,12 +52,12 @@ class FoldHostConstants(CadencePass):
                 if not _is_param_or_region(gm, node) and _storage(gm, node) not in written_storage:
                     env[node] = getattr(gm, node.target)
                 continue
-            if node.op != "call_function" or has_side_effect(node):
+            if node.op != "call_function":
                 continue
-            if view_root(node) in mutated_roots:
+            # the cheap test first: most nodes read a placeholder or a parameter
+            if any(i not in env for i in node.all_input_nodes):
                 continue
-            inputs = node.all_input_nodes
-            if any(i not in env for i in inputs):
+            if has_side_effect(node) or view_root(node) in mutated_roots:
                 continue
             args = fx.node.map_arg(node.args, lambda n: env[n])
             kwargs = fx.node.map_arg(node.kwargs, lambda n: env[n])

@@ -4,7 +4,7 @@ A piece of a replayed entry runs as Python exactly twice, both at capture
 (``graphs.capture_entry``: the warm-up, then inside ``torch.cuda.graph``); afterwards
 only its CUDA graph is launched.  Generating its code (``GraphModule.recompile``:
 source text, then ``compile``) costs more than those two runs: about a second per new
-prompt length for Token2Wav's pieces.  ``run_graph_module`` runs the graph as that
+prompt length for a released decoder's pieces.  ``run_graph_module`` runs the graph as that
 code would:
 
 - the same calls in the same order: ``target(*args, **kwargs)`` for a
