@@ -30,12 +30,18 @@ class PruneDead(CadencePass):
         return PassResult(gm, removed > 0, {"removed": removed})
 
 
+#: attributes the library's passes (and make_fx) set on a graph module: dropped when no
+#: ``get_attr`` reads them.  ``_cadence_buffer_<region>``: ``specialize``'s binding of a
+#: region's buffers to the arena traced on; once ``state_rewrite`` made them arena inputs,
+#: keeping it would hold that arena's memory for as long as the executable lives.
+_OWN_ATTRS = ("_tensor_constant", "_param_constant", "_folded", "_cadence_buffer_")
+
+
 def _drop_unused_attrs(gm: fx.GraphModule) -> None:
     """Delete tensor attributes no ``get_attr`` refers to (frees rebound buffers)."""
     used = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
     for name in list(vars(gm)):
-        if (name.startswith("_tensor_constant") or name.startswith("_param_constant")
-                or name.startswith("_folded")) and name not in used:
+        if name.startswith(_OWN_ATTRS) and name not in used:
             delattr(gm, name)
     for name in list(gm._buffers):
         if name not in used:

@@ -355,3 +355,30 @@ def test_token2wav_loads_its_programs_for_a_new_prompt_length(t2w, tmp_path):
         assert report["exact"], report["mismatches"]
     finally:
         t2w.opt.programs = saved
+
+
+def _tensor_attrs(module: torch.nn.Module):
+    yield from module._buffers.items()
+    yield from module._parameters.items()
+    yield from ((k, v) for k, v in vars(module).items() if isinstance(v, torch.Tensor))
+
+
+@pytest.mark.parametrize("path", ["symbolic", "concrete"])
+def test_an_executable_keeps_no_reference_to_the_arena_it_was_traced_on(tmp_path, path):
+    """Tracing binds the region buffers to the scratch arena; ``state_rewrite`` turns them
+    into arena inputs, and whatever held them in the graph module must go too (PruneDead).
+    The scratch arena is the first session's: if an executable (one is kept per prompt
+    length) still held it, that arena's memory would outlive every session on it."""
+    model = make_toy()
+    store = ProgramStore(disk=DiskCache(tmp_path)) if path == "symbolic" else None
+    adapter = SymbolicToyAdapter(model, 5)
+    exe = compile_executable(adapter, "S", None, store)
+    assert {e["how"] for e in exe.notes["setup"].values()} == (
+        {"traced symbolic, specialized"} if path == "symbolic" else {"traced"})
+    arena = exe.spare_arena.storage.untyped_storage().data_ptr()
+    held = [f"entry {i}: {mod_name}.{name}" for i, p in exe.programs.items()
+            for mod_name, m in p.run.named_modules() for name, t in _tensor_attrs(m)
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() == arena]
+    assert held == []
+    # and a session on it still runs exactly (the arena inputs are its own arena's)
+    _exact(model, adapter, exe, 5)
