@@ -3,7 +3,9 @@
 A family's drop-in (``OptimizedToken2Wav``, ``OptimizedMimi``, ``OptimizedVibeVoice``)
 stands in for the stock class and keeps its API.  ``DropIn`` holds what they all do
 the same way: the rules checked against the device, compiled executables cached by
-the family's key (Token2Wav: one per prompt length; the frame codecs: one), and the
+the family's key (Token2Wav: one per prompt length; the frame codecs: one; at most
+``max_executables``, least recently used out first: a configuration seen again after
+that is specialized again, seconds, from the symbolic programs the model keeps), and the
 default session that the drop-in API drives (replaced by a new stream, read by
 ``state``/``stats``, closed by ``close``).  ``OneExecutableDropIn`` adds what the frame
 codecs share: one adapter, one executable, and ``reset()`` for a new stream.
@@ -11,6 +13,7 @@ codecs share: one adapter, one executable, and ``reset()`` for a new stream.
 
 from __future__ import annotations
 
+import collections
 import os
 from typing import Any, Callable, Hashable
 
@@ -18,10 +21,22 @@ import torch
 
 from ..adapter import StreamingAdapter
 from ..compiler import check_rules, compile_executable, open_session
-from ..errors import RulesError
+from ..errors import CadenceError, RulesError
 from ..programs import ProgramStore, open_disk_cache
 from ..runtime.variants import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, DEFAULT_POLICY, check_policy
 from ..step import Rules
+
+#: executables (stream configurations: Token2Wav's prompt lengths) a drop-in keeps.  Each
+#: holds its graphs (~170,000 Python objects for Token2Wav at 5 steps, walked by every full
+#: garbage collection) and its folded constants; sessions keep their own alive.
+DEFAULT_MAX_EXECUTABLES = 32
+
+
+def check_max_executables(value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise CadenceError(f"max_executables={value!r} must be an int >= 1 (executables kept, one per stream "
+                           f"configuration, e.g. Token2Wav's prompt length)")
+    return value
 from .frames import FrameSession
 
 
@@ -31,15 +46,18 @@ class DropIn:
 
     def __init__(self, rules: str, device: torch.device, progress: Callable[[str], None] | None = None,
                  cache: "bool | str | os.PathLike" = True, off_catalog: str = DEFAULT_POLICY,
-                 max_specializations: int = DEFAULT_MAX_ENTRIES, max_specialization_bytes: int = DEFAULT_MAX_BYTES):
+                 max_specializations: int = DEFAULT_MAX_ENTRIES, max_specialization_bytes: int = DEFAULT_MAX_BYTES,
+                 max_executables: int = DEFAULT_MAX_EXECUTABLES):
         self.rules = check_rules(rules, device)  # as given ("S", "SRc", ...): reports print it
         check_policy(off_catalog, max_specializations, max_specialization_bytes)
+        self.max_executables = check_max_executables(max_executables)
+        self.executables_evicted = 0  # least recently used out, over max_executables
         #: what a chunk the catalog does not hold does (``compile_executable``'s ``off_catalog``)
         self.off_catalog = (off_catalog, max_specializations, max_specialization_bytes)
         self.progress = progress
         self.session = None
         self._opened = 0  # sessions opened by open_session (for their names)
-        self._executables: dict[Hashable, Any] = {}
+        self._executables: "collections.OrderedDict[Hashable, Any]" = collections.OrderedDict()
         #: symbolic steps shared by every stream configuration of this model (one trace
         #: per catalog entry serves every prompt length: see ``compile_executable``), read
         #: from and written to the disk cache ``cache`` names (``programs.open_disk_cache``)
@@ -56,12 +74,20 @@ class DropIn:
                              f"{why}; use S, SR or SRc")
 
     def _executable(self, key: Hashable, adapter: StreamingAdapter):
-        """The executable for ``key``, compiled from ``adapter`` the first time (traced once)."""
-        if key not in self._executables:
-            policy, most, most_bytes = self.off_catalog
-            self._executables[key] = compile_executable(adapter, self.rules, self.progress, self.programs, policy,
-                                                        most, most_bytes)
-        return self._executables[key]
+        """The executable for ``key``, compiled from ``adapter`` the first time it is held
+        (traced once per model; specialized after), the least recently used dropped past
+        ``max_executables``."""
+        exe = self._executables.get(key)
+        if exe is not None:
+            self._executables.move_to_end(key)
+            return exe
+        policy, most, most_bytes = self.off_catalog
+        exe = compile_executable(adapter, self.rules, self.progress, self.programs, policy, most, most_bytes)
+        self._executables[key] = exe
+        while len(self._executables) > self.max_executables:
+            self._executables.popitem(last=False)  # a session on it keeps it alive while it lives
+            self.executables_evicted += 1
+        return exe
 
     def set_off_catalog(self, policy: str, max_specializations: int | None = None,
                         max_specialization_bytes: int | None = None) -> None:

@@ -24,7 +24,8 @@ def run(args) -> int:
     adapter = spec.explain_adapter(args)
     plan = build_plan(adapter)
     doc = plan.to_json()
-    doc["setup"] = {"symbolic_dims": list(adapter.symbolic_dims())}
+    from ..integrations.dropin import DEFAULT_MAX_EXECUTABLES
+    doc["setup"] = {"symbolic_dims": list(adapter.symbolic_dims()), "max_executables": DEFAULT_MAX_EXECUTABLES}
     doc["off_catalog"] = {"policies": list(variants.POLICIES), "default": variants.DEFAULT_POLICY,
                           "max_specializations": variants.DEFAULT_MAX_ENTRIES,
                           "max_specialization_bytes": variants.DEFAULT_MAX_BYTES}

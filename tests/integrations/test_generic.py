@@ -133,6 +133,26 @@ def test_a_prompt_size_read_off_the_initial_state_and_a_buffer_bound_cache():
     assert torch.equal(mine.buf, torch.zeros_like(mine.buf))  # the model's own buffer was never written
 
 
+def test_executables_past_max_executables_go_least_recently_used_first_and_come_back_exact():
+    """A drop-in keeps at most ``max_executables`` stream configurations; the least
+    recently used goes first, a session on it keeps it alive, and a configuration seen
+    again is compiled again (from the kept symbolic programs) and streams exactly."""
+    stock, mine = model(PromptDecoder, seed=5), model(PromptDecoder, seed=5)
+    opt = cadence_fx.optimize(mine, max_executables=2)
+    held = []
+    for frames in (5, 9, 5, 7, 9):  # 5 is used again before 7 arrives, so 9 goes; 9 comes back, so 5 goes
+        prompt = torch.randn(CHANNELS, frames, generator=torch.Generator().manual_seed(frames))
+        session = opt.open_session(prompt)
+        state = dict(zip(("prompt", "cache"), stock.initial_state(prompt)))
+        lockstep(stock, session, chunks(6, shape=(CHANNELS, FRAMES)), state, ("prompt", "cache"))
+        held.append(sorted(dict(k[0])["prompt_frames"] for k in opt._executables))
+    assert held == [[5], [5, 9], [5, 9], [5, 7], [7, 9]]
+    assert opt.executables_evicted == 2
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(CadenceError, match=r"max_executables=.* must be an int >= 1"):
+            cadence_fx.optimize(model(PromptDecoder, seed=5), max_executables=bad)
+
+
 def test_flags_and_off_catalog_inputs_run_the_stock_step_counted():
     stock, mine = model(seed=6), model(seed=6)
     opt = cadence_fx.optimize(mine, check_chunks=20)

@@ -113,7 +113,7 @@ def test_explain_plans_the_small_model_without_building_it(small, capsys):
     assert len(plan["catalog"]) == 3 and plan["arena_bytes"] < plan["stock_state_bytes"]
     est = next(r for r in plan["regions"] if r["name"] == "estimator_att_cache")
     assert est["bytes"] == 2 * 16 * 2 * 8 * (2 * PROMPT + 100 + 56) * 128 * 4  # 2 live flow steps; room for a flush of 28
-    assert plan["setup"] == {"symbolic_dims": ["prompt_frames"]}
+    assert plan["setup"] == {"symbolic_dims": ["prompt_frames"], "max_executables": 32}
     code, _, text, _ = run(capsys, "explain", *small_args())
     assert code == 0 and "estimator_att_cache" in text
     assert "each catalog entry is traced once for every prompt_frames and specialized per stream" in text

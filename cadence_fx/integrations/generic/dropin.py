@@ -29,7 +29,7 @@ from ...errors import CadenceError, DeclarationError, InputError, SessionBroken,
 from ...plan import TensorSpec, make_plan
 from ...runtime.binding import rebind_buffers
 from ...runtime.variants import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, DEFAULT_POLICY
-from ..dropin import DropIn
+from ..dropin import DEFAULT_MAX_EXECUTABLES, DropIn
 from .adapter import GenericAdapter, check_state, module_device_dtype, private_buffers, resolve_dims
 from .form import StepForm, render
 from .probe import differences, probe
@@ -49,11 +49,13 @@ class OptimizedModule(DropIn):
     def __init__(self, model: torch.nn.Module, rules: str = "S", progress: Callable[[str], None] | None = None,
                  cache: "bool | str | os.PathLike" = True, dims: Mapping[str, int] | None = None,
                  check_chunks: int | None = None, off_catalog: str = DEFAULT_POLICY,
-                 max_specializations: int = DEFAULT_MAX_ENTRIES, max_specialization_bytes: int = DEFAULT_MAX_BYTES):
+                 max_specializations: int = DEFAULT_MAX_ENTRIES, max_specialization_bytes: int = DEFAULT_MAX_BYTES,
+                 max_executables: int = DEFAULT_MAX_EXECUTABLES):
         self.declaration = get_declaration(model)
         self.form = StepForm.of(model, self.declaration)
         device, self.dtype = module_device_dtype(model)
-        super().__init__(rules, device, progress, cache, off_catalog, max_specializations, max_specialization_bytes)
+        super().__init__(rules, device, progress, cache, off_catalog, max_specializations, max_specialization_bytes,
+                         max_executables)
         self._require_stable_state("the generic path", "its sessions keep the carried state in an arena")
         if check_chunks is not None and (isinstance(check_chunks, bool) or not isinstance(check_chunks, int)
                                          or check_chunks < 0):

@@ -8,7 +8,7 @@ from ...compiler import build_plan, open_session
 from ...programs import setup_section
 from ...runtime.binding import rebind_buffers
 from ...runtime.variants import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, DEFAULT_POLICY, off_catalog_section
-from ..dropin import DropIn
+from ..dropin import DEFAULT_MAX_EXECUTABLES, DropIn
 from ..frames import speech_out
 from .adapter import STOCK_BUFFERS, Token2WavAdapter, module_buffer
 from .inputs import check_prompt
@@ -38,9 +38,10 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
 
     def __init__(self, tail: Token2WavTail, rules: str = "S", progress=None, cache=True,
                  off_catalog: str = DEFAULT_POLICY, max_specializations: int = DEFAULT_MAX_ENTRIES,
-                 max_specialization_bytes: int = DEFAULT_MAX_BYTES):
+                 max_specialization_bytes: int = DEFAULT_MAX_BYTES,
+                 max_executables: int = DEFAULT_MAX_EXECUTABLES):
         super().__init__(rules, tail.device, progress, cache, off_catalog, max_specializations,
-                         max_specialization_bytes)
+                         max_specialization_bytes, max_executables)
         self.n_timesteps, self.float16 = tail.n_timesteps, tail.float16
         flow_paths = [p.removeprefix("flow.") for p in STOCK_BUFFERS]
         self._stock_buffer_bytes = sum(module_buffer(tail.flow, p).nbytes for p in flow_paths)
