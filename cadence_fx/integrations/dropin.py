@@ -25,6 +25,7 @@ from ..errors import CadenceError, RulesError
 from ..programs import ProgramStore, open_disk_cache
 from ..runtime.variants import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, DEFAULT_POLICY, check_policy
 from ..step import Rules
+from .frames import FrameSession
 
 #: executables (stream configurations: Token2Wav's prompt lengths) a drop-in keeps.  Each
 #: holds its graphs (~170,000 Python objects for Token2Wav at 5 steps, walked by every full
@@ -37,7 +38,6 @@ def check_max_executables(value: int) -> int:
         raise CadenceError(f"max_executables={value!r} must be an int >= 1 (executables kept, one per stream "
                            f"configuration, e.g. Token2Wav's prompt length)")
     return value
-from .frames import FrameSession
 
 
 class DropIn:

@@ -83,13 +83,12 @@ def _access(gm: fx.GraphModule) -> tuple[dict, dict, dict]:
     return root_of, readers, writers
 
 
-def _latest_dependency(gm: fx.GraphModule, group: Sequence[fx.Node], arena: fx.Node,
-                       access: tuple[dict, dict, dict] | None = None,
-                       order: dict | None = None) -> fx.Node:
+def _latest_dependency(group: Sequence[fx.Node], arena: fx.Node, access: tuple[dict, dict, dict],
+                       order: dict) -> fx.Node:
     """The last node the group must follow: its sources, every node that reads the
     region's arena memory, and every node that writes what a source aliases
-    (``access``: ``_access(gm)``; ``order``: node -> position; computed if not given)."""
-    root_of, readers, writers = _access(gm) if access is None else access
+    (``access``: ``_access(gm)``; ``order``: node -> its position in the graph now)."""
+    root_of, readers, writers = access
     members = set(group)
     sources = [a for n in group for a in n.all_input_nodes if a not in members]
     roots = {root_of[a] for a in sources if a is not arena}
@@ -97,8 +96,6 @@ def _latest_dependency(gm: fx.GraphModule, group: Sequence[fx.Node], arena: fx.N
     must_follow.update(n for n in readers.get(arena, ()) if n not in members)
     for r in roots:
         must_follow.update(n for n in writers.get(r, ()) if n not in members)
-    if order is None:
-        order = {n: i for i, n in enumerate(gm.graph.nodes)}
     return max(must_follow, key=order.__getitem__)
 
 
@@ -129,7 +126,7 @@ class EarlyWriteback(CadencePass):
         access = _access(gm)  # moving nodes changes their order, not what they read, write or alias
         for region, group in _groups(gm).items():
             order = {n: i for i, n in enumerate(gm.graph.nodes)}  # as the groups moved so far left it
-            anchor = _latest_dependency(gm, group, _arena(gm, region), access, order)
+            anchor = _latest_dependency(group, _arena(gm, region), access, order)
             if order[group[0]] <= order[anchor] + 1:
                 continue  # already right after what it depends on
             skipped = order[group[0]] - order[anchor] - 1
@@ -144,7 +141,7 @@ class EarlyWriteback(CadencePass):
         order = {n: i for i, n in enumerate(gm.graph.nodes)}
         access = _access(gm)
         for region, group in _groups(gm).items():
-            anchor = _latest_dependency(gm, group, _arena(gm, region), access, order)
+            anchor = _latest_dependency(group, _arena(gm, region), access, order)
             if order[group[0]] <= order[anchor]:
                 raise PassError(f"early_writeback: the write-back of {region!r} comes before {anchor.name}")
         if self.check_hazards and self.bindings:
