@@ -155,22 +155,26 @@ class _SchemaFacts:
     written: tuple[tuple[int, str], ...]  # (position, name) of every argument it writes
 
 
-_FACTS: dict = {}
+#: id(op) -> (op, facts): keyed by id, because an ``OpOverload``'s ``__hash__`` is Python
+#: code (a pass asks ~10^5 times per new prompt length); the op is held, so its id is never reused
+_FACTS: dict[int, tuple] = {}
 
 
 def _facts(t: torch._ops.OpOverload) -> _SchemaFacts:
-    facts = _FACTS.get(t)
-    if facts is None:
-        schema = t._schema
-        ret = schema.returns[0].alias_info if schema.returns else None
-        first = schema.arguments[0].alias_info if schema.arguments else None
-        facts = _FACTS[t] = _SchemaFacts(
-            mutable=schema.is_mutable,
-            view=not schema.is_mutable and bool(schema.returns) and ret is not None and not ret.is_write,
-            returns_written=(ret is not None and ret.is_write and first is not None and first.is_write
-                             and ret.before_set == first.before_set),
-            written=tuple((i, a.name) for i, a in enumerate(schema.arguments)
-                          if a.alias_info is not None and a.alias_info.is_write))
+    hit = _FACTS.get(id(t))
+    if hit is not None and hit[0] is t:
+        return hit[1]
+    schema = t._schema
+    ret = schema.returns[0].alias_info if schema.returns else None
+    first = schema.arguments[0].alias_info if schema.arguments else None
+    facts = _SchemaFacts(
+        mutable=schema.is_mutable,
+        view=not schema.is_mutable and bool(schema.returns) and ret is not None and not ret.is_write,
+        returns_written=(ret is not None and ret.is_write and first is not None and first.is_write
+                         and ret.before_set == first.before_set),
+        written=tuple((i, a.name) for i, a in enumerate(schema.arguments)
+                      if a.alias_info is not None and a.alias_info.is_write))
+    _FACTS[id(t)] = (t, facts)
     return facts
 
 

@@ -58,6 +58,34 @@ class NodeVerdict:
     reason: str
 
 
+#: id(op) -> (op, capturable, reason) of ``_op_verdict`` (an ``OpOverload``'s hash is Python code)
+_OP_VERDICTS: dict[int, tuple] = {}
+
+
+def _op_verdict(t) -> tuple[bool | None, str]:
+    """What a node's target alone decides: (capturable, reason), or (None, "") for an
+    aten op, whose placement decides."""
+    hit = _OP_VERDICTS.get(id(t))
+    if hit is not None and hit[0] is t:
+        return hit[1], hit[2]
+    if t is operator.getitem:
+        return True, "getitem"
+    if t in DISPATCHER_STATE:
+        return True, "dispatcher state (no kernel)"
+    if not isinstance(t, torch._ops.OpOverload):
+        return False, f"not an aten op: {t}"
+    if t in DATA_DEPENDENT:
+        verdict = (False, f"data-dependent shape: {t}")
+    elif t in HOST_SYNC:
+        verdict = (False, f"host sync: {t}")
+    elif t.namespace not in ALLOWED_NAMESPACES:
+        verdict = (False, f"op outside the allow-list: {t}")
+    else:
+        verdict = (None, "")
+    _OP_VERDICTS[id(t)] = (t, *verdict)  # ops only: they live as long as torch (the id stays theirs)
+    return verdict
+
+
 def capturability(node: fx.Node, device_type: str | None = "cuda") -> NodeVerdict:
     """Whether one node may run inside a CUDA graph, and why not.
 
@@ -66,19 +94,10 @@ def capturability(node: fx.Node, device_type: str | None = "cuda") -> NodeVerdic
     """
     if node.op in ("placeholder", "output", "get_attr"):
         return NodeVerdict(node.name, True, node.op)
+    capturable, reason = _op_verdict(node.target)
+    if capturable is not None:
+        return NodeVerdict(node.name, capturable, reason)
     t = node.target
-    if t is operator.getitem:
-        return NodeVerdict(node.name, True, "getitem")
-    if t in DISPATCHER_STATE:
-        return NodeVerdict(node.name, True, "dispatcher state (no kernel)")
-    if not isinstance(t, torch._ops.OpOverload):
-        return NodeVerdict(node.name, False, f"not an aten op: {t}")
-    if t in DATA_DEPENDENT:
-        return NodeVerdict(node.name, False, f"data-dependent shape: {t}")
-    if t in HOST_SYNC:
-        return NodeVerdict(node.name, False, f"host sync: {t}")
-    if t.namespace not in ALLOWED_NAMESPACES:
-        return NodeVerdict(node.name, False, f"op outside the allow-list: {t}")
     if device_type is None:
         return NodeVerdict(node.name, True, "op (placement not checked)")
     vals = node.meta.get("val")
