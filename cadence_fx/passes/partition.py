@@ -169,10 +169,14 @@ class Partition(CadencePass):
                 part[node] = min(part[u] for u in users) if users else 0
 
         split = split_in_order(gm, part)
+        calls: dict[int, list[fx.Node]] = {}  # each piece's ops, grouped once
+        for n, p in part.items():
+            if n.op == "call_function":
+                calls.setdefault(p, []).append(n)
         regions = []
         for name, mod in split.named_children():
             idx = int(name.removeprefix("submod_"))
-            nodes = [n for n, p in part.items() if p == idx and n.op == "call_function"]
+            nodes = calls.get(idx, [])
             capturable = all(verdicts[n].capturable for n in nodes)
             mod.meta = getattr(mod, "meta", {})
             mod.meta[meta.CAPTURABLE] = capturable
