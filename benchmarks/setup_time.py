@@ -20,7 +20,9 @@ runs, each in its own Python process:
 
 Every cadence_fx length is then streamed against stock (warm-up, growth, trim, steady,
 a flush), ``torch.equal`` on every waveform and state tensor and SHA-256 of the PCM:
-``exact`` stands beside every number.  Writes ``DIR/setup-<rules>-<steps>.json``.
+``exact`` stands beside every number.  Each cadence_fx row also says how long the
+garbage collector ran inside its ``ready_s`` (``gc``: full collections' seconds and
+count, and the young generations' seconds).  Writes ``DIR/setup-<rules>-<steps>.json``.
 """
 
 from __future__ import annotations
@@ -41,6 +43,33 @@ def _sync(device) -> None:
         torch.cuda.synchronize()
 
 
+class _GcClock:
+    """Seconds the garbage collector ran, by generation (``gc.callbacks``), since ``start``:
+    a full collection walks every tracked object (0.5-1 s on a Token2Wav heap), and where
+    one lands is most of the spread between rows of the same work."""
+
+    def __init__(self):
+        import gc
+        self._t0 = 0.0
+        self.s = [0.0, 0.0, 0.0]
+        self.n = [0, 0, 0]
+        gc.callbacks.append(self._on)
+
+    def _on(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            g = info["generation"]
+            self.s[g] += time.perf_counter() - self._t0
+            self.n[g] += 1
+
+    def start(self) -> None:
+        self.s, self.n = [0.0, 0.0, 0.0], [0, 0, 0]
+
+    def report(self) -> dict:
+        return {"full_s": round(self.s[2], 3), "full_n": self.n[2], "young_s": round(self.s[0] + self.s[1], 3)}
+
+
 def run_cadence(args) -> dict:
     import torch
     import cadence_fx
@@ -56,7 +85,7 @@ def run_cadence(args) -> dict:
         opt = cadence_fx.optimize(tail, rules=args.rules, **kwargs)
     except TypeError:  # a cadence_fx without the disk cache
         opt = cadence_fx.optimize(tail, rules=args.rules)
-    rows = []
+    rows, gc_clock = [], _GcClock()
     for tokens in args.prompt_tokens:
         prompt = s2.synthetic_prompt(tokens, seed=tokens, device=device)
         profile = None
@@ -65,10 +94,12 @@ def run_cadence(args) -> dict:
             profile = cProfile.Profile()
             profile.enable()
         _sync(device)
+        gc_clock.start()
         t0 = time.perf_counter()
         opt.set_stream_cache(*prompt)
         _sync(device)
         ready = time.perf_counter() - t0
+        gc_s = gc_clock.report()  # the collections inside ready_s
         if profile is not None:
             import io
             import pstats
@@ -84,6 +115,7 @@ def run_cadence(args) -> dict:
                      "how": [e["how"] for e in exe.notes["setup"].values()],
                      "split": exe.notes.get("setup_s"),
                      "capture_s": round(opt.session.stats()["setup_s"].get("capture_s", 0.0), 3),
+                     "gc": gc_s,
                      "exact": bool(report["exact"]),
                      "pcm_sha256": report["pcm_sha256_optimized"], "chunks": len(chunks),
                      "mismatches": report["mismatches"][:3]})
