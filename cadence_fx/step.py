@@ -134,16 +134,13 @@ def tag(node: "fx.Node", role: Role, **fields: Any) -> None:
     node.meta[TAG] = {"role": role, **fields}
 
 
-_NO_TAG: dict[str, Any] = {}
-
-
 def tag_of(node: "fx.Node") -> dict[str, Any]:
     """A node's role and fields (``{}`` if untagged)."""
     return node.meta.get(TAG, {})
 
 
 def role(node: "fx.Node") -> Role | None:
-    r = node.meta.get(TAG, _NO_TAG).get("role")
+    r = tag_of(node).get("role")
     return r if r is None or type(r) is Role else Role(r)  # a Role already (Role(r) is slow Python)
 
 

@@ -155,27 +155,36 @@ class _SchemaFacts:
     written: tuple[tuple[int, str], ...]  # (position, name) of every argument it writes
 
 
-#: id(op) -> (op, facts): keyed by id, because an ``OpOverload``'s ``__hash__`` is Python
-#: code (a pass asks ~10^5 times per new prompt length); the op is held, so its id is never reused
-_FACTS: dict[int, tuple] = {}
+def by_op(table: dict, op: torch._ops.OpOverload, compute: Callable[[torch._ops.OpOverload], Any]) -> Any:
+    """``compute(op)``, cached in ``table`` by ``id(op)``: an ``OpOverload``'s ``__hash__`` is
+    Python code, and the passes ask ~10^5 times per new prompt length.  The entry holds
+    the op, so its id is never reused (ops live as long as torch anyway)."""
+    hit = table.get(id(op))
+    if hit is not None and hit[0] is op:
+        return hit[1]
+    value = compute(op)
+    table[id(op)] = (op, value)
+    return value
+
+
+_FACTS: dict[int, tuple] = {}  # by_op's table for _facts
 
 
 def _facts(t: torch._ops.OpOverload) -> _SchemaFacts:
-    hit = _FACTS.get(id(t))
-    if hit is not None and hit[0] is t:
-        return hit[1]
+    return by_op(_FACTS, t, _schema_facts)
+
+
+def _schema_facts(t: torch._ops.OpOverload) -> _SchemaFacts:
     schema = t._schema
     ret = schema.returns[0].alias_info if schema.returns else None
     first = schema.arguments[0].alias_info if schema.arguments else None
-    facts = _SchemaFacts(
+    return _SchemaFacts(
         mutable=schema.is_mutable,
         view=not schema.is_mutable and bool(schema.returns) and ret is not None and not ret.is_write,
         returns_written=(ret is not None and ret.is_write and first is not None and first.is_write
                          and ret.before_set == first.before_set),
         written=tuple((i, a.name) for i, a in enumerate(schema.arguments)
                       if a.alias_info is not None and a.alias_info.is_write))
-    _FACTS[id(t)] = (t, facts)
-    return facts
 
 
 def is_mutating(node: fx.Node) -> bool:

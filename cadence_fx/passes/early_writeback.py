@@ -124,7 +124,6 @@ class EarlyWriteback(CadencePass):
     def call(self, gm: fx.GraphModule) -> PassResult:
         moved: dict[str, int] = {}
         access = _access(gm)  # moving nodes changes their order, not what they read, write or alias
-        self._indexed = (gm, frozenset(gm.graph.nodes), access)  # so ensures reuses it on the same nodes
         for region, group in _groups(gm).items():
             order = {n: i for i, n in enumerate(gm.graph.nodes)}  # as the groups moved so far left it
             anchor = _latest_dependency(group, _arena(gm, region), access, order)
@@ -140,12 +139,7 @@ class EarlyWriteback(CadencePass):
 
     def ensures(self, gm: fx.GraphModule) -> None:
         order = {n: i for i, n in enumerate(gm.graph.nodes)}
-        indexed = getattr(self, "_indexed", None)
-        self._indexed = None
-        # the index call built, if this is the graph it moved nodes in and it has the same
-        # nodes (reordering changes no node's inputs, writes or view root); else built again
-        access = (indexed[2] if indexed is not None and indexed[0] is gm and indexed[1] == frozenset(order)
-                  else _access(gm))
+        access = _access(gm)
         for region, group in _groups(gm).items():
             anchor = _latest_dependency(group, _arena(gm, region), access, order)
             if order[group[0]] <= order[anchor]:

@@ -27,7 +27,7 @@ import torch.fx as fx
 
 from .. import step as meta
 from ..errors import PassError
-from .base import CadencePass, PassResult
+from .base import CadencePass, PassResult, by_op
 
 aten = torch.ops.aten
 
@@ -58,32 +58,29 @@ class NodeVerdict:
     reason: str
 
 
-#: id(op) -> (op, capturable, reason) of ``_op_verdict`` (an ``OpOverload``'s hash is Python code)
-_OP_VERDICTS: dict[int, tuple] = {}
+_OP_VERDICTS: dict[int, tuple] = {}  # by_op's table for _aten_verdict
 
 
 def _op_verdict(t) -> tuple[bool | None, str]:
     """What a node's target alone decides: (capturable, reason), or (None, "") for an
     aten op, whose placement decides."""
-    hit = _OP_VERDICTS.get(id(t))
-    if hit is not None and hit[0] is t:
-        return hit[1], hit[2]
     if t is operator.getitem:
         return True, "getitem"
     if t in DISPATCHER_STATE:
         return True, "dispatcher state (no kernel)"
     if not isinstance(t, torch._ops.OpOverload):
         return False, f"not an aten op: {t}"
+    return by_op(_OP_VERDICTS, t, _aten_verdict)
+
+
+def _aten_verdict(t: torch._ops.OpOverload) -> tuple[bool | None, str]:
     if t in DATA_DEPENDENT:
-        verdict = (False, f"data-dependent shape: {t}")
-    elif t in HOST_SYNC:
-        verdict = (False, f"host sync: {t}")
-    elif t.namespace not in ALLOWED_NAMESPACES:
-        verdict = (False, f"op outside the allow-list: {t}")
-    else:
-        verdict = (None, "")
-    _OP_VERDICTS[id(t)] = (t, *verdict)  # ops only: they live as long as torch (the id stays theirs)
-    return verdict
+        return False, f"data-dependent shape: {t}"
+    if t in HOST_SYNC:
+        return False, f"host sync: {t}"
+    if t.namespace not in ALLOWED_NAMESPACES:
+        return False, f"op outside the allow-list: {t}"
+    return None, ""
 
 
 def capturability(node: fx.Node, device_type: str | None = "cuda") -> NodeVerdict:
