@@ -127,6 +127,7 @@ class CapturedRegion(torch.nn.Module):
         self.replays = 0
         self.refusals: dict[str, int] = {}
         self.trivial = trivial  # views only (lowering decides): nothing to capture, the piece runs as is
+        self.unwarmed_failure: str | None = None  # why a capture without warm-up failed (then retried warm)
 
     def capture(self, args: Sequence[Any], pool, stream: torch.cuda.Stream, arena_ptr: int | None = None) -> None:
         """Capture on ``stream`` into ``pool``; the caller has warmed the piece up.
@@ -179,9 +180,10 @@ class CapturedRegion(torch.nn.Module):
             return self.piece(*args)
         why = self.check(args)
         if why is not None:
-            # fail closed: the same piece, eagerly; the reason is counted
+            # fail closed: the same piece, eagerly (walked as at capture: no code generated
+            # mid-stream); the reason is counted
             self.refusals[why] = self.refusals.get(why, 0) + 1
-            return self.piece(*args)
+            return run_piece(self.piece, args)
         for s, a in zip(self.static_in, args):
             if s is not None:
                 s.copy_(a)
@@ -198,17 +200,25 @@ class CapturedRegion(torch.nn.Module):
 
 
 def capture_entry(parent: torch.fx.GraphModule, args: Sequence[Any], pool, arena_ptr: int,
-                  stream: torch.cuda.Stream | None = None) -> dict[str, str]:
-    """Warm up and capture every ``CapturedRegion`` of one entry's graph, in order.
+                  stream: torch.cuda.Stream | None = None, warm_up: bool = True) -> dict[str, str]:
+    """Capture every ``CapturedRegion`` of one entry's graph, in order.
 
-    Runs the entry once eagerly on the side ``stream`` (a new one if None),
-    capturing each region right after warming it up on its live arguments, and
-    launching its graph once: a graph's first launch uploads it to the device (for a
-    graph of thousands of kernels, milliseconds; a sweep that opened 16 sessions at
-    once paid it in the next two timed ticks).  This mutates the arena
+    Runs the entry once on the side ``stream`` (a new one if None), capturing each
+    region on its live arguments and launching its graph once: a graph's first launch
+    uploads it to the device (for a graph of thousands of kernels, milliseconds; a
+    sweep that opened 16 sessions at once paid it in the next two timed ticks), and
+    its outputs are what the next regions take.  This mutates the arena
     and draws from the generators: the caller forks the generators and resets the
     arena.  Returns ``{region: reason}`` for regions
     whose capture failed (they stay eager).
+
+    ``warm_up``: run each region eagerly before capturing it, so that what the
+    libraries initialize on first use (cuBLAS handles and workspaces, which are per
+    stream) happens outside capture.  A stream that already captured an entry is
+    warm: its later entries (and a session's mid-stream captures) pass False and
+    skip that run, a Python run of every op.  A capture that fails unwarmed (an
+    initialization capture cannot take; ``torch.cuda.graph`` is in its strict mode)
+    is retried after the warm-up, and only a second failure leaves the region eager.
 
     The library workspaces the captured kernels use (cuBLAS: 32 MiB per stream under
     the deterministic protocol's ``:4096:8``) belong to the capture stream and stay
@@ -224,8 +234,17 @@ def capture_entry(parent: torch.fx.GraphModule, args: Sequence[Any], pool, arena
         if isinstance(mod, CapturedRegion) and mod.trivial:
             return mod.piece(*args_)  # views only (lowering said so): an empty capture would be useless
         if isinstance(mod, CapturedRegion):
-            # warm-up: lazy inits (cuBLAS handles, workspaces) outside capture; warm-up and
-            # capture walk the piece's graph (interpret.py): its code is never generated
+            # warm-up and capture walk the piece's graph (interpret.py): its code is never generated
+            if not warm_up:
+                try:
+                    mod.capture(args_, pool, stream, arena_ptr)
+                except CaptureFailed as e:  # perhaps a first-use initialization: warm up, then again
+                    mod.unwarmed_failure = str(e)
+                else:
+                    mod.launch()  # runs the region: its outputs are the ones the next regions take
+                    torch.cuda.synchronize()
+                    return mod.static_out
+            # warm-up: lazy inits (cuBLAS handles, workspaces) outside capture
             out = run_piece(mod.piece, args_)
             torch.cuda.synchronize()
             try:
@@ -276,7 +295,8 @@ def capture_variant(program: torch.fx.GraphModule, args: Sequence[Any], pool, ar
     try:
         with torch.random.fork_rng(devices=devices):
             try:
-                return parent, capture_entry(parent, args, pool, arena_ptr, stream), None
+                # a stream that captured the session's entries is warm (None: a new stream)
+                return parent, capture_entry(parent, args, pool, arena_ptr, stream, warm_up=stream is None), None
             except torch.OutOfMemoryError as e:
                 return parent, {"*": f"out of memory while capturing: {e}"}, None
     except Exception as e:

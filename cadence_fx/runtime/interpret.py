@@ -1,8 +1,9 @@
 """Run a captured piece's graph without generating its Python code.
 
-A piece of a replayed entry runs as Python exactly twice, both at capture
-(``graphs.capture_entry``: the warm-up, then inside ``torch.cuda.graph``); afterwards
-only its CUDA graph is launched.  Generating its code (``GraphModule.recompile``:
+A piece of a replayed entry runs as Python at most twice, both at capture
+(``graphs.capture_entry``: the warm-up where the capture stream is not warm yet, then
+inside ``torch.cuda.graph``); afterwards only its CUDA graph is launched (a refused
+replay walks the piece too).  Generating its code (``GraphModule.recompile``:
 source text, then ``compile``) costs more than those two runs: about a second per new
 prompt length for a released decoder's pieces.  ``run_graph_module`` runs the graph as that
 code would:

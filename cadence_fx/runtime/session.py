@@ -157,11 +157,12 @@ class Session:
             devices = [self._expect_device] if self._expect_device.type == "cuda" else []  # the CPU generator always forks
             try:
                 with torch.random.fork_rng(devices=devices):
-                    for idx, program in sorted(self.executable.programs.items()):
+                    for i, (idx, program) in enumerate(sorted(self.executable.programs.items())):
                         parent = fresh_regions(program.run, self._rng)
                         args = [example_inputs[n] for n in self.executable.inputs] + self._capture_state_args(program)
-                        try:
-                            failed[idx] = capture_entry(parent, args, pool, self._bound_storage(), stream)
+                        try:  # the first entry warms the stream up; the later ones capture unwarmed
+                            failed[idx] = capture_entry(parent, args, pool, self._bound_storage(), stream,
+                                                        warm_up=i == 0)
                         except torch.OutOfMemoryError as e:  # capture must never crash a stream: the
                             # entry's uncaptured regions run eagerly, each step counted ("not captured")
                             failed[idx] = {"*": f"out of memory while capturing: {e}"}

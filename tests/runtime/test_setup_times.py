@@ -64,7 +64,7 @@ def test_capture_time_is_the_sessions_own(monkeypatch):
     monkeypatch.setattr(compiler, "check_rules", lambda rules, device: rules)  # lower for replay on the CPU
     adapter = ToyAdapter(make_toy(4), 2)
     exe = compiler.compile_executable(adapter, "SRc")
-    monkeypatch.setattr(graphs, "capture_entry", lambda parent, args, pool, ptr, stream: time.sleep(0.05) or {})
+    monkeypatch.setattr(graphs, "capture_entry", lambda parent, args, pool, ptr, stream, warm_up=True: time.sleep(0.05) or {})
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
     entries = len(exe.plan.catalog)
     for k in range(2):

@@ -290,7 +290,7 @@ def _fake_capture(monkeypatch, fail_frames: int | None = None) -> tuple[object, 
     monkeypatch.setattr(compiler, "check_rules", lambda rules, device: rules)  # lower for replay on the CPU
     calls: list[int] = []
 
-    def capture_entry(parent, args, pool, arena_ptr, stream):
+    def capture_entry(parent, args, pool, arena_ptr, stream, warm_up=True):
         calls.append(args[0].shape[2])
         for a in args:
             if isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == arena_ptr:

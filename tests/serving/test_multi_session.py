@@ -236,10 +236,11 @@ def test_out_of_memory_while_capturing_leaves_that_entry_eager_and_counted(monke
     assert all(p.kind == "cudagraph" for p in exe.programs.values())
     assert all(any(isinstance(m, CapturedRegion) for m in p.run.children()) for p in exe.programs.values())
 
-    calls = []
+    calls, warm = [], []
 
-    def capture_entry(parent, args, pool, arena_ptr, stream):
+    def capture_entry(parent, args, pool, arena_ptr, stream, warm_up=True):
         calls.append(pool)
+        warm.append(warm_up)
         for a in args:
             if isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == arena_ptr:
                 a.fill_(3.0)  # the warm-up run writes into the arena
@@ -255,6 +256,7 @@ def test_out_of_memory_while_capturing_leaves_that_entry_eager_and_counted(monke
     session = adapter.open_session(exe, prompt)
     assert torch.equal(torch.random.get_rng_state(), rng), "capture moved the generator"
     assert calls == ["pool"] * 3  # one pool for the session, every entry attempted
+    assert warm == [True, False, False]  # the first entry warms the session's capture stream up
     assert session.capture_failures == {0: {}, 1: {"*": "out of memory while capturing: CUDA out of memory. "
                                                          "Tried to allocate 2.00 GiB"}, 2: {}}
     stock = make_toy(4)
@@ -265,6 +267,11 @@ def test_out_of_memory_while_capturing_leaves_that_entry_eager_and_counted(monke
     assert fallbacks and all(r.startswith("region refused replay: submod_") and r.endswith(": not captured")
                              for r in fallbacks)
     assert session.stats()["replays"] == {}
+    # a refused region walks its piece's graph, as capture does: no code generated mid-stream
+    from cadence_fx.runtime.interpret import has_code
+    pieces = [m.piece for p in session._programs.values() for m in p.run.children()
+              if isinstance(m, CapturedRegion) and not m.trivial]
+    assert pieces and not any(has_code(p) for p in pieces)
 
 
 @pytest.fixture
@@ -290,11 +297,11 @@ def test_out_of_memory_while_capturing_on_cuda_replays_the_other_entries(monkeyp
     exe = compile_executable(adapter, "SRc")
     real, calls = graphs.capture_entry, []
 
-    def capture_entry(*args):
+    def capture_entry(*args, **kw):
         calls.append(1)
         if len(calls) == 2:
             raise torch.OutOfMemoryError("CUDA out of memory (injected)")
-        return real(*args)
+        return real(*args, **kw)
 
     monkeypatch.setattr(graphs, "capture_entry", capture_entry)
     session = adapter.open_session(exe, toy_prompt(2).to(dev))

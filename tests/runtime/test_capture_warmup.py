@@ -1,0 +1,79 @@
+"""``graphs.capture_entry``'s warm-up (CUDA only).
+
+A session warms its capture stream up on its first entry (each region runs eagerly,
+then is captured); its later entries are captured without that run.  A capture that
+fails unwarmed (what a library initialized on first use would do under strict
+capture) is warmed up and captured again: the region still replays, and the stream
+is exact against stock.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers.marks import cuda
+
+
+@pytest.fixture
+def deterministic():
+    from cadence_fx.lockstep import deterministic_protocol
+    was, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    deterministic_protocol()
+    yield
+    torch.use_deterministic_algorithms(was, warn_only=warn_only)
+
+
+def _regions(program):
+    from cadence_fx.runtime.graphs import CapturedRegion
+    return [m for m in program.run.children() if isinstance(m, CapturedRegion) and not m.trivial]
+
+
+@cuda
+def test_later_entries_capture_unwarmed_and_a_failed_one_is_warmed_up_and_captured_again(monkeypatch, deterministic):
+    from cadence_fx.compiler import compile_executable
+    from cadence_fx.runtime import graphs
+    from helpers.toy_models import ToyAdapter, assert_lockstep_exact, make_toy, toy_inputs, toy_prompt
+
+    dev = torch.device("cuda")
+    adapter = ToyAdapter(make_toy(4).to(dev), 2)
+    exe = compile_executable(adapter, "SRc")
+    assert sorted(exe.programs) == [0, 1, 2]
+    lazy = {id(m.piece) for m in _regions(exe.programs[1])}  # entry 1's pieces need a first eager run
+    assert lazy
+    real, eager_runs, captures = graphs.run_piece, [], []
+
+    def run_piece(piece, args):
+        if not torch.cuda.is_current_stream_capturing():
+            eager_runs.append(id(piece))
+        elif id(piece) in lazy and id(piece) not in eager_runs:
+            raise RuntimeError("initialized on first use, under capture (injected)")
+        else:
+            captures.append(id(piece))
+        return real(piece, args)
+
+    monkeypatch.setattr(graphs, "run_piece", run_piece)
+    prompt = toy_prompt(2).to(dev)
+    session = adapter.open_session(exe, prompt)
+    monkeypatch.undo()
+
+    assert session.capture_failures == {0: {}, 1: {}, 2: {}}
+    first, failed_once, unwarmed = (_regions(session._programs[i]) for i in (0, 1, 2))
+    # entry 0: warmed up, then captured; entry 2: captured without an eager run
+    assert {id(m.piece) for m in first} <= set(eager_runs)
+    assert not {id(m.piece) for m in unwarmed} & set(eager_runs)
+    assert all(m.graph is not None and m.unwarmed_failure is None for m in first + unwarmed)
+    # entry 1: the unwarmed capture failed, the warm-up ran, the second capture held
+    for m in failed_once:
+        assert m.graph is not None
+        assert "initialized on first use, under capture (injected)" in m.unwarmed_failure
+        assert eager_runs.count(id(m.piece)) == 1 and captures.count(id(m.piece)) == 1
+
+    stock = make_toy(4).to(dev)
+    with torch.no_grad():
+        stock_state = stock.setup(prompt)
+    inputs = [{k: v.to(dev) for k, v in x.items()} for x in toy_inputs(6, seed=3)]
+    assert_lockstep_exact(stock, stock_state, session, inputs, 2)
+    stats = session.stats()
+    assert not stats["fallbacks"], stats["fallbacks"]
+    assert all(stats["replays"].get(str(i), 0) >= 1 for i in (0, 1, 2)), stats["replays"]
