@@ -329,6 +329,17 @@ def region_stats(parent: torch.fx.GraphModule) -> tuple[int, dict[str, int]]:
     return replays, refusals
 
 
+def retried_regions(programs: dict, variant_programs: dict) -> dict[str, str]:
+    """A session's ``stats()["capture_retried"]``: ``"<entry or specialization>/<region>":
+    why`` for each region of its programs (entry index -> ``EntryProgram``) and captured
+    specializations (``VariantKey`` -> ``EntryProgram``, or why its capture failed) whose
+    capture without warm-up failed and that was warmed up and captured again (normally none)."""
+    held = [(str(i), p.run) for i, p in (programs or {}).items()]
+    held += [(k.label(), p.run) for k, p in variant_programs.items() if not isinstance(p, str)]
+    return {f"{label}/{m.name}": m.unwarmed_failure for label, parent in held for m in parent.children()
+            if isinstance(m, CapturedRegion) and m.unwarmed_failure is not None}
+
+
 def run_graph(gm: torch.fx.GraphModule, args: Sequence[Any], call_module) -> Any:
     """Execute ``gm``'s top-level graph node by node, routing ``call_module`` nodes."""
     env: dict[torch.fx.Node, Any] = {}

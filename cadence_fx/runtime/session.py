@@ -161,8 +161,7 @@ class Session:
                         parent = fresh_regions(program.run, self._rng)
                         args = [example_inputs[n] for n in self.executable.inputs] + self._capture_state_args(program)
                         try:  # the first entry warms the stream up; the later ones capture unwarmed
-                            failed[idx] = capture_entry(parent, args, pool, self._bound_storage(), stream,
-                                                        warm_up=i == 0)
+                            failed[idx] = capture_entry(parent, args, pool, self._bound_storage(), stream, warm_up=i == 0)
                         except torch.OutOfMemoryError as e:  # capture must never crash a stream: the
                             # entry's uncaptured regions run eagerly, each step counted ("not captured")
                             failed[idx] = {"*": f"out of memory while capturing: {e}"}
@@ -274,10 +273,12 @@ class Session:
         specializations, ``specializations``: its policy, bounds, what it holds and refused,
         and what this session captured (seconds per label).  Under replay, ``graph_rng``:
         ``"session"`` (its graphs draw from a generator state of their own) or
-        ``"default"`` (this PyTorch lacks the graph-safe generator API)."""
+        ``"default"`` (this PyTorch lacks the graph-safe generator API); ``capture_retried``."""
         out = self._stats.to_json()
         if self._programs is not None and self._expect_device.type == "cuda":
             out["graph_rng"] = "session" if self._rng is not None else "default"
+            from .graphs import retried_regions
+            out["capture_retried"] = retried_regions(self._programs, self._variant_programs)
         if self.executable.variants is not None:
             out["specializations"] = {**self.executable.variants.stats(),
                                       "captured_here_s": dict(self._variant_capture_s)}

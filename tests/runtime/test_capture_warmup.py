@@ -76,4 +76,5 @@ def test_later_entries_capture_unwarmed_and_a_failed_one_is_warmed_up_and_captur
     assert_lockstep_exact(stock, stock_state, session, inputs, 2)
     stats = session.stats()
     assert not stats["fallbacks"], stats["fallbacks"]
+    assert stats["capture_retried"] == {f"1/{m.name}": m.unwarmed_failure for m in failed_once}
     assert all(stats["replays"].get(str(i), 0) >= 1 for i in (0, 1, 2)), stats["replays"]
