@@ -128,6 +128,8 @@ class CapturedRegion(torch.nn.Module):
         self.refusals: dict[str, int] = {}
         self.trivial = trivial  # views only (lowering decides): nothing to capture, the piece runs as is
         self.unwarmed_failure: str | None = None  # why a capture without warm-up failed (then retried warm)
+        # the graphs of failed captures, kept as long as the region (see ``capture``)
+        self.failed_graphs: list[torch.cuda.CUDAGraph] = []
 
     def capture(self, args: Sequence[Any], pool, stream: torch.cuda.Stream, arena_ptr: int | None = None) -> None:
         """Capture on ``stream`` into ``pool``; the caller has warmed the piece up.
@@ -157,6 +159,12 @@ class CapturedRegion(torch.nn.Module):
                     out = run_piece(self.piece, call_args)
             except Exception as e:
                 _release_generator(pool, stream)  # the generator state this capture used
+                # A failed capture's graph still counts as a user of the pool.  Kept here, it
+                # is freed with its region's other graphs, never by a garbage collection in
+                # whatever runs later; and the pool keeps a user for the retry and the next
+                # regions' captures (PyTorch asserts when a capture joins a pool that every
+                # graph has released while its memory is still held).
+                self.failed_graphs.append(graph)
                 raise CaptureFailed(f"{self.name}: capture failed: {type(e).__name__}: {e}") from e
         self.graph, self.static_out = graph, out
 

@@ -62,11 +62,12 @@ def test_later_entries_capture_unwarmed_and_a_failed_one_is_warmed_up_and_captur
     # entry 0: warmed up, then captured; entry 2: captured without an eager run
     assert {id(m.piece) for m in first} <= set(eager_runs)
     assert not {id(m.piece) for m in unwarmed} & set(eager_runs)
-    assert all(m.graph is not None and m.unwarmed_failure is None for m in first + unwarmed)
+    assert all(m.graph is not None and m.unwarmed_failure is None and not m.failed_graphs for m in first + unwarmed)
     # entry 1: the unwarmed capture failed, the warm-up ran, the second capture held
     for m in failed_once:
         assert m.graph is not None
         assert "initialized on first use, under capture (injected)" in m.unwarmed_failure
+        assert len(m.failed_graphs) == 1  # the failed capture's graph, held with the region
         assert eager_runs.count(id(m.piece)) == 1 and captures.count(id(m.piece)) == 1
 
     stock = make_toy(4).to(dev)
