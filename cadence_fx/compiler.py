@@ -46,7 +46,8 @@ from .programs.entry import specialized_entry
 from .runtime.arena import Arena
 from .runtime.counters import COMPILE_KEYS
 from .runtime.graphs import CapturedRegion
-from .runtime.session import EntryProgram, Executable, Session, StockStateSession
+from .runtime.session import EntryProgram, Executable, Session
+from .runtime.stock_session import StockStateSession
 from .runtime.variants import (DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, DEFAULT_POLICY, VariantKey, VariantRefused,
                                Variants, check_policy)
 from .step import Rules
@@ -427,7 +428,7 @@ def open_session(executable: Executable, adapter: StreamingAdapter, *setup_args:
         session = Session(executable, arena, adapter.fallback, {})
         buffers = buffer_bindings(adapter.declaration, arena)
     else:
-        session = StockStateSession(executable, adapter.fallback, device)
+        session = StockStateSession(executable, _stock_fallback(adapter), device)
         buffers = adapter.stock_buffers()
     session.prepare_replay(adapter.example_inputs())  # rules R: capture on this session's memory
     with torch.no_grad():
@@ -438,6 +439,17 @@ def open_session(executable: Executable, adapter: StreamingAdapter, *setup_args:
                                     device=device) for r in executable.carried}
         session.load_state(state)
     return session
+
+
+def _stock_fallback(adapter: StreamingAdapter):
+    """Rules R/Rc: the eager step on the model's own buffers, the ones their programs
+    were traced over, so the state it leaves has the shapes the programs take.
+    (``adapter.fallback`` sizes private buffers per call, as rule S needs: Token2Wav's
+    DiT conv carry then holds ``n_timesteps`` slots where stock returns its 16, and
+    after one eager step no program would take the state again.)"""
+    def fallback(inputs, state, **flags):
+        return adapter.bind(adapter.stock_buffers())(inputs, state, **flags)
+    return fallback
 
 
 def preview_partition(executable: Executable, granularity: str = "chunk", boundary=None) -> dict[int, object]:

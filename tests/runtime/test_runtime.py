@@ -18,7 +18,7 @@ from cadence_fx.plan import TensorSpec
 from cadence_fx.runtime.arena import Arena, ArenaMoved
 from cadence_fx.runtime.binding import rebind_buffers
 from cadence_fx.runtime.gate import AdmissionGate
-from cadence_fx.runtime.session import StockStateSession
+from cadence_fx.runtime.stock_session import StockStateSession
 
 from helpers.toy_models import (BUFFER_FRAMES, BUFFER_PATH, CHANNELS, CONV_CARRY, DEFAULT_RETAIN, FRAMES, KV_SHAPE, ToyAdapter,
                         ToyStream, assert_lockstep_exact, assert_stream_exact, make_toy, toy_inputs, toy_prompt)
