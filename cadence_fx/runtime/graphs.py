@@ -34,6 +34,7 @@ import torch
 
 from ..errors import CadenceError
 from ..plan import same_layout
+from . import collector
 from .interpret import run_piece
 
 
@@ -301,7 +302,7 @@ def capture_variant(program: torch.fx.GraphModule, args: Sequence[Any], pool, ar
     parent = fresh_regions(program, rng)
     devices = [device] if device.type == "cuda" else []
     try:
-        with torch.random.fork_rng(devices=devices):
+        with collector.held(), torch.random.fork_rng(devices=devices):  # no finalizer mid-capture
             try:
                 # a stream that captured the session's entries is warm (None: a new stream)
                 return parent, capture_entry(parent, args, pool, arena_ptr, stream, warm_up=stream is None), None

@@ -33,6 +33,7 @@ import torch
 from ..errors import CadenceError, InputError, SessionBroken, SessionBusy, SessionClosed
 from ..plan import CatalogEntry, Plan, TensorSpec
 from ..step import Rules
+from . import collector
 from .arena import Arena
 from .counters import SessionStats, SetupTimes
 from .gate import AdmissionGate, input_mismatch
@@ -156,7 +157,7 @@ class Session:
             programs: dict[int, EntryProgram] = {}
             devices = [self._expect_device] if self._expect_device.type == "cuda" else []  # the CPU generator always forks
             try:
-                with torch.random.fork_rng(devices=devices):
+                with collector.held(), torch.random.fork_rng(devices=devices):  # no finalizer mid-capture
                     for i, (idx, program) in enumerate(sorted(self.executable.programs.items())):
                         parent = fresh_regions(program.run, self._rng)
                         args = [example_inputs[n] for n in self.executable.inputs] + self._capture_state_args(program)
