@@ -11,6 +11,8 @@ collects garbage, allocates, frees, synchronizes and captures again:
 - ``invalidated``: the body synchronizes the device, which invalidates the capture
   (``cudaStreamEndCapture`` then fails: pytorch/pytorch#180395 before 2.12);
 - ``invalidated_end``: the same, then ``torch._C._cuda_endAllocateToPool`` on the pool;
+- ``invalidated_rng``: the same invalidation inside ``GraphRng.capturing()`` (what a
+  session's capture does): is the default generator usable after, and the session's own?
 - ``warmup_tests``: ``tests/runtime/test_capture_warmup.py`` three times in one process,
   garbage collected between, then ``tests/runtime/test_replay_cuda.py``.
 
@@ -19,13 +21,14 @@ Usage: python benchmarks/capture_fault_probe.py [case ...] > report.json
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import subprocess
 import sys
 import time
 
-CASES = ("raise", "invalidated", "invalidated_end", "warmup_tests")
+CASES = ("raise", "invalidated", "invalidated_end", "invalidated_rng", "warmup_tests")
 
 
 def _after(torch, pool, stream) -> None:
@@ -67,7 +70,8 @@ def case(name: str) -> None:
         torch.cuda.synchronize()
         print(json.dumps({"pytest_rcs": rcs}))
         return
-    from cadence_fx.runtime.graphs import _release_generator
+    from cadence_fx.runtime.graphs import GraphRng, _release_generator
+    rng = GraphRng.for_device(torch.device("cuda")) if name == "invalidated_rng" else None
     pool = torch.cuda.graph_pool_handle()
     stream = torch.cuda.Stream()
     x = torch.randn(1024, device="cuda")
@@ -77,11 +81,12 @@ def case(name: str) -> None:
     g = torch.cuda.CUDAGraph()
     error = None
     try:
-        with torch.cuda.graph(g, pool=pool, stream=stream):
-            x * 3  # one kernel captured
-            if name == "raise":
-                raise RuntimeError("injected")
-            torch.cuda.synchronize()  # invalidates the capture
+        with rng.capturing() if rng is not None else contextlib.nullcontext():
+            with torch.cuda.graph(g, pool=pool, stream=stream):
+                x * 3  # one kernel captured
+                if name == "raise":
+                    raise RuntimeError("injected")
+                torch.cuda.synchronize()  # invalidates the capture
     except Exception as e:  # noqa: BLE001
         error = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
         if name == "invalidated_end":
@@ -90,10 +95,22 @@ def case(name: str) -> None:
                 error += " | endAllocateToPool: ok"
             except Exception as e2:  # noqa: BLE001
                 error += f" | endAllocateToPool: {type(e2).__name__}: {str(e2).splitlines()[0][:200]}"
-        _release_generator(pool, stream)
+        with rng.capturing() if rng is not None else contextlib.nullcontext():  # as CapturedRegion.capture
+            _release_generator(pool, stream)
     del g
+    own = None
+    if rng is not None:  # the session's own state: can a graph still be captured with it?
+        try:
+            g2 = torch.cuda.CUDAGraph()
+            with rng.capturing(), torch.cuda.graph(g2, pool=pool, stream=stream):
+                torch.rand(4, device="cuda")
+            rng.replay(g2)
+            torch.cuda.synchronize()
+            own = "ok"
+        except Exception as e:  # noqa: BLE001
+            own = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
     _after(torch, pool, stream)
-    print(json.dumps({"error": error, "after": "ok"}))
+    print(json.dumps({"error": error, "own_state_after": own, "after": "ok"}))
 
 
 def main(argv: list[str]) -> int:
