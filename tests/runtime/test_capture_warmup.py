@@ -12,16 +12,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers.marks import cuda
+from helpers.marks import cuda, deterministic_protocol_restored
 
 
 @pytest.fixture
 def deterministic():
-    from cadence_fx.lockstep import deterministic_protocol
-    was, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    deterministic_protocol()
-    yield
-    torch.use_deterministic_algorithms(was, warn_only=warn_only)
+    """The protocol stock eager needs to be bit-reproducible on a GPU; restored after."""
+    with deterministic_protocol_restored():
+        yield
 
 
 def _regions(program):

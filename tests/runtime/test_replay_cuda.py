@@ -21,8 +21,8 @@ import torch
 
 from cadence_fx.compiler import compile_executable
 from cadence_fx.runtime.graphs import CapturedRegion, region_stats
-from cadence_fx.lockstep import deterministic_protocol
 
+from helpers.marks import deterministic_protocol_restored
 from helpers.toy_models import CHANNELS, FRAMES, ScopedToyAdapter, ToyAdapter, assert_stream_exact, make_toy, toy_inputs, \
     toy_prompt
 
@@ -41,10 +41,8 @@ _executables: dict = {}
 @pytest.fixture(scope="module", autouse=True)
 def deterministic():
     """The protocol stock eager needs to be bit-reproducible on a GPU; restored after."""
-    was, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    deterministic_protocol()
-    yield
-    torch.use_deterministic_algorithms(was, warn_only=warn_only)
+    with deterministic_protocol_restored():
+        yield
 
 
 def toy(rules: str):

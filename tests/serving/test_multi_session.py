@@ -26,7 +26,7 @@ from cadence_fx.pcm import pcm_bytes
 from cadence_fx.serving import Replica, ReplicaFull, ReplicaLost, Router, UnknownConversation
 from cadence_fx.serving.replica import rank
 
-from helpers.marks import cuda
+from helpers.marks import cuda, deterministic_protocol_restored
 from helpers.streams import STEPS, assert_chunk_exact, assert_final_exact, reference, seed_of, tokens_of
 
 
@@ -277,11 +277,8 @@ def test_out_of_memory_while_capturing_leaves_that_entry_eager_and_counted(monke
 @pytest.fixture
 def deterministic():
     """The protocol stock eager needs to be bit-reproducible on a GPU; restored after."""
-    from cadence_fx.lockstep import deterministic_protocol
-    was, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    deterministic_protocol()
-    yield
-    torch.use_deterministic_algorithms(was, warn_only=warn_only)
+    with deterministic_protocol_restored():
+        yield
 
 
 @cuda
