@@ -8,7 +8,10 @@ It sets up one prompt length (tracing, or loading from the program cache), recor
 arguments ``specialize`` and the rewrite pipeline got for a second length, then repeats
 exactly that work.  ``--rules SRc`` runs the replay pipeline's passes (istft check,
 partition, lowering) on the CPU graphs (``device_type="cuda"``): what the H200 host
-runs for a new length before capture.  Prints one JSON line.
+runs for a new length before capture.  ``--gc-off`` holds Python's collector through
+each repetition (the passes' own cost; the full collections a large heap triggers are
+``setup_time.py``'s ``gc``), ``--profile N`` prints the last repetition's N costliest
+functions to stderr.  Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -45,6 +48,11 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--prompt-tokens", default="75,150")
     p.add_argument("--capture-code", action="store_true", help="also time generating each piece's code (rules SRc)")
+    p.add_argument("--gc-off", action="store_true",
+                   help="hold Python's collector through each repetition: the passes' own cost, without "
+                        "the full collections a heap this size triggers (setup_time.py reports those)")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="profile the last repetition (cProfile) and print its N costliest functions to stderr")
     args = p.parse_args(argv)
     import cadence_fx
     from cadence_fx import compiler
@@ -90,9 +98,16 @@ def main(argv=None) -> int:
             rep_times[key] = rep_times.get(key, 0.0) + time.perf_counter() - t0
 
     base.CadencePass.run = timed_run
-    for _ in range(args.reps):
+    prof = None
+    for rep in range(args.reps):
         rep_times: dict[str, float] = {}
         gc.collect()
+        if args.gc_off:
+            gc.disable()
+        if args.profile and rep == args.reps - 1:
+            import cProfile
+            prof = cProfile.Profile()
+            prof.enable()
         for (sym, at, tensors, by_region), (bindings, rules, device_type, boundary) in zip(calls, pipes):
             t0 = time.perf_counter()
             gm = spec_mod.specialize(sym, at, tensors, by_region, recompile=False)
@@ -107,11 +122,18 @@ def main(argv=None) -> int:
                 for piece in _pieces(gm):
                     piece.real_recompile() if hasattr(piece, "real_recompile") else piece.recompile()
                 rep_times["capture_code"] = rep_times.get("capture_code", 0.0) + time.perf_counter() - t0
+        if prof is not None:
+            prof.disable()
+        gc.enable()
         for k, v in rep_times.items():
             times.setdefault(k, []).append(v)
     base.CadencePass.run = orig_run
+    if prof is not None:
+        import pstats
+        pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(args.profile)
+        pstats.Stats(prof, stream=sys.stderr).sort_stats("cumulative").print_stats(args.profile)
     out = {"torch": torch.__version__, "threads": torch.get_num_threads(), "n_timesteps": args.n_timesteps,
-           "rules": args.rules, "entries": len(calls), "reps": args.reps,
+           "rules": args.rules, "gc_off": args.gc_off, "entries": len(calls), "reps": args.reps,
            "median_s": {k: round(statistics.median(v), 3) for k, v in times.items()},
            "min_s": {k: round(min(v), 3) for k, v in times.items()}}
     print(json.dumps(out))

@@ -124,6 +124,7 @@ class EarlyWriteback(CadencePass):
     def call(self, gm: fx.GraphModule) -> PassResult:
         moved: dict[str, int] = {}
         access = _access(gm)  # moving nodes changes their order, not what they read, write or alias
+        self._moved_in = (gm.graph, len(gm.graph.nodes), access)  # for this run's ensures only
         for region, group in _groups(gm).items():
             order = {n: i for i, n in enumerate(gm.graph.nodes)}  # as the groups moved so far left it
             anchor = _latest_dependency(group, _arena(gm, region), access, order)
@@ -139,7 +140,11 @@ class EarlyWriteback(CadencePass):
 
     def ensures(self, gm: fx.GraphModule) -> None:
         order = {n: i for i, n in enumerate(gm.graph.nodes)}
-        access = _access(gm)
+        memo, self._moved_in = getattr(self, "_moved_in", None), None
+        if memo is not None and memo[0] is gm.graph and memo[1] == len(order):
+            access = memo[2]  # the graph ``call`` only reordered: the same reads, writes and views
+        else:
+            access = _access(gm)
         for region, group in _groups(gm).items():
             anchor = _latest_dependency(group, _arena(gm, region), access, order)
             if order[group[0]] <= order[anchor]:

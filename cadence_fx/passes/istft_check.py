@@ -33,7 +33,7 @@ import torch
 import torch.fx as fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .base import CadencePass, PassResult
+from .base import CadencePass, PassResult, has_side_effect
 
 aten = torch.ops.aten
 #: ops that read a device value on the host (the pass drops them only where the signal cannot reach them)
@@ -146,8 +146,6 @@ class IstftWithoutHostRead(CadencePass):
                 done += 1
             else:
                 kept.append(f"{node.name}: {why}")
-        if done:
-            gm.graph.eliminate_dead_code()
         return PassResult(gm, bool(done), IstftRecord(done, tuple(kept)))
 
     @staticmethod
@@ -205,7 +203,22 @@ class IstftWithoutHostRead(CadencePass):
                 n.meta["val"] = _fake_of(n, gm, mode)
         node.replace_all_uses_with(out)
         gm.graph.erase_node(node)
+        _erase_if_dead((x_node, window_node), gm.graph)
         return None
+
+
+def _erase_if_dead(nodes, graph: fx.Graph) -> None:
+    """Erase what the replaced istft alone used (by ``prune_dead``'s rule: never a node
+    with an effect), and what that alone used: the rest of the graph is as the earlier
+    passes left it, so nothing else becomes dead (a whole-graph dead-code elimination
+    costs a second per length and follows each torch release's notion of impure)."""
+    todo, erased = [n for n in nodes if isinstance(n, fx.Node)], set()
+    while todo:
+        n = todo.pop()
+        if n not in erased and not n.users and not has_side_effect(n):
+            todo.extend(n.all_input_nodes)
+            graph.erase_node(n)
+            erased.add(n)
 
 
 def _fake_of(node: fx.Node, gm: fx.GraphModule, mode):

@@ -53,6 +53,23 @@ def test_istft_becomes_its_own_ops_without_the_host_read_and_stays_exact():
     assert str(record) == "1 region (1 capturable, 0 eager); eager nodes: []"
 
 
+def test_the_rewrite_leaves_every_other_node_as_it_was():
+    """Only the istft is replaced (and what it alone used erased): a draw nobody reads, an
+    op nobody reads, stay where they were (removing them is ``prune_dead``'s call, by its
+    own rule; a dropped draw would shift every later random number)."""
+    def step(re, im):
+        torch.rand(3)  # a draw nobody reads: the generator still advances
+        return hift_like(re, im)
+
+    gm = trace(step, *spectrum())
+    dead = gm.graph.call_function(torch.ops.aten.mul.Tensor, (next(iter(gm.graph.nodes)), 2.0))
+    others = [n for n in gm.graph.nodes if n.target is not torch.ops.aten.istft.default]
+    assert IstftWithoutHostRead()(gm).modified
+    assert all(n.graph is gm.graph and not getattr(n, "_erased", False) for n in others)
+    assert dead in set(gm.graph.nodes) and "aten.rand.default" in ops(gm)
+    assert "aten.istft.default" not in ops(gm)
+
+
 def test_under_inference_mode_too():
     """The drop-ins compile under ``torch.inference_mode``, where a composite op reaches a
     dispatch mode whole: the recording must still see istft's own ops."""
