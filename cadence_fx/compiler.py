@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import sys
 import time
+from contextlib import nullcontext
 from typing import Any, Callable
 
 import torch
@@ -30,6 +31,7 @@ import torch.fx as fx
 from .adapter import StreamingAdapter
 from .annotations import Declaration
 from .errors import DeclarationError, RulesError, TraceError
+from .foreground import forked_rng, in_background
 from .passes.base import PassManager, this_before_that
 from .passes.early_writeback import EarlyWriteback
 from .passes.fold_host_constants import FoldHostConstants
@@ -46,6 +48,7 @@ from .programs.entry import specialized_entry
 from .runtime.arena import Arena
 from .runtime.counters import COMPILE_KEYS
 from .runtime.graphs import CapturedRegion
+from .runtime.pending import Build, PendingSession
 from .runtime.session import EntryProgram, Executable, Session
 from .runtime.stock_session import StockStateSession
 from .runtime.variants import (DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, DEFAULT_POLICY, VariantKey, VariantRefused,
@@ -197,7 +200,11 @@ def _compile(adapter: StreamingAdapter, rules: "str | Rules",
         if rules.stable_state and programs is not None and adapter.symbolic_dims():
             gm = specialized_entry(adapter, lambda d: build_plan(adapter, d), plan, entry, by_region, programs,
                                    setup, say)
-        with torch.random.fork_rng(devices=devices):
+        # a specialized graph's passes run nothing for real (a background build runs them
+        # unforked: ``foreground``); tracing does, so it forks the generators
+        fence = nullcontext() if gm is not None and in_background() else \
+            forked_rng(devices, f"tracing catalog entry {entry.index + 1}")
+        with fence:
             for attempt in range(3):
                 if gm is not None:
                     break
@@ -260,7 +267,7 @@ def _variant_builder(adapter: StreamingAdapter, plan: Plan, rules: Rules, progra
         if key.entry is not None and programs is not None and adapter.symbolic_dims():
             gm = specialized_entry(adapter, lambda d: build_plan(adapter, d), plan, plan.catalog[key.entry],
                                    by_region, programs, setup, say, example_inputs=example, flags=flags)
-        with torch.random.fork_rng(devices=devices):
+        with forked_rng(devices, f"the off-catalog chunk {key.label()}"):
             if gm is None:
                 say(f"tracing the off-catalog chunk {key.label()} at its exact shapes")
                 step = adapter.bind(buffer_bindings(adapter.declaration, scratch))
@@ -431,14 +438,37 @@ def open_session(executable: Executable, adapter: StreamingAdapter, *setup_args:
         session = StockStateSession(executable, _stock_fallback(adapter), device)
         buffers = adapter.stock_buffers()
     session.prepare_replay(adapter.example_inputs())  # rules R: capture on this session's memory
+    return _set_up(session, adapter, buffers, setup_args)
+
+
+def _set_up(session: Session, adapter: StreamingAdapter, buffers: dict, setup_args: tuple) -> Session:
+    """``adapter.setup`` on ``buffers``, its state loaded into ``session``."""
     with torch.no_grad():
         state = adapter.setup(buffers, *setup_args)
         if state is None:  # the stream starts from zeros at catalog entry 0's extents
-            entry0 = executable.plan.catalog[0]
+            entry0 = session.executable.plan.catalog[0]
             state = {r: torch.zeros(entry0.regions[r].shape, dtype=getattr(torch, entry0.regions[r].dtype),
-                                    device=device) for r in executable.carried}
+                                    device=adapter.device) for r in session.executable.carried}
         session.load_state(state)
     return session
+
+
+def open_pending_session(adapter: StreamingAdapter, rules: "str | Rules", build: Build,
+                         *setup_args: Any) -> PendingSession:
+    """A new stream of ``adapter``'s configuration before its executable exists (rules
+    with S): an arena of its plan (no trace needed), the model's setup loaded into it,
+    eager chunks until ``build`` delivers the executable (``runtime.pending``)."""
+    parsed = _rules(rules)
+    if not parsed.stable_state:
+        raise RulesError(f"a stream can start before its graphs only with its state in an arena (rules with S), "
+                         f"not rules {rules!r}")
+    plan = build_plan(adapter)
+    sig = adapter.signature
+    check_signature(adapter.declaration, sig, plan)
+    shell = Executable(plan, {}, sig.inputs, sig.outputs, tuple(sig.regions), parsed, _compile_claimed=True)
+    arena = Arena(plan.layout, torch.device(adapter.device))
+    session = PendingSession(shell, arena, adapter.fallback, build)
+    return _set_up(session, adapter, buffer_bindings(adapter.declaration, arena), setup_args)
 
 
 def _stock_fallback(adapter: StreamingAdapter):

@@ -55,3 +55,11 @@ class SpecializationRefused(CadenceError, RuntimeError):
 
     Never raised to a user: the compiler traces the entry concretely instead and
     counts the reason (``Executable.notes["setup"]``)."""
+
+
+class NeedsForeground(CadenceError, RuntimeError):
+    """A background build reached work that only the foreground thread may do (run the
+    step for real, or draw from a default random generator: ``cadence_fx.foreground``).
+
+    Never raised to a user: the stream stays on the exact eager path (counted, with
+    this reason) and that configuration's next set-up builds in the foreground."""

@@ -58,7 +58,7 @@ _FILE_SECONDS = {
     "tests/integrations/test_token2wav.py": 213, "tests/serving/test_ray.py": 207,
     "tests/integrations/test_prompt_lengths.py": 140, "tests/serving/test_multi_session.py": 100,
     "tests/tools/test_serve_cmd.py": 88, "tests/tools/test_cli.py": 83, "tests/tools/test_traffic.py": 76,
-    "tests/integrations/test_mimi.py": 32, "tests/programs/test_disk_cache.py": 31,
+    "tests/integrations/test_background.py": 60, "tests/integrations/test_mimi.py": 32, "tests/programs/test_disk_cache.py": 31,
     "tests/integrations/test_turns.py": 25, "tests/runtime/test_misuse.py": 23, "tests/tools/test_bench.py": 13,
     "tests/integrations/test_generic.py": 12, "tests/integrations/test_vibevoice.py": 12,
     "tests/tools/test_bench_mimi.py": 11, "tests/runtime/test_variants.py": 11,

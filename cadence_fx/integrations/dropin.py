@@ -14,7 +14,10 @@ codecs share: one adapter, one executable, and ``reset()`` for a new stream.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import os
+import threading
+import time
 from typing import Any, Callable, Hashable
 
 import torch
@@ -23,6 +26,7 @@ from ..adapter import StreamingAdapter
 from ..compiler import check_rules, compile_executable, open_session
 from ..errors import CadenceError, RulesError
 from ..programs import ProgramStore, open_disk_cache
+from ..runtime.pending import Build
 from ..runtime.variants import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, DEFAULT_POLICY, check_policy
 from ..step import Rules
 from .frames import FrameSession
@@ -31,6 +35,13 @@ from .frames import FrameSession
 #: holds its graphs (~170,000 Python objects for Token2Wav at 5 steps, walked by every full
 #: garbage collection) and its folded constants; sessions keep their own alive.
 DEFAULT_MAX_EXECUTABLES = 32
+
+
+def check_background(value: bool) -> bool:
+    if not isinstance(value, bool):
+        raise CadenceError(f"background={value!r} must be True or False (build a new stream configuration's "
+                           f"graphs on a worker thread while its stream runs eagerly)")
+    return value
 
 
 def check_max_executables(value: int) -> int:
@@ -47,8 +58,11 @@ class DropIn:
     def __init__(self, rules: str, device: torch.device, progress: Callable[[str], None] | None = None,
                  cache: "bool | str | os.PathLike" = True, off_catalog: str = DEFAULT_POLICY,
                  max_specializations: int = DEFAULT_MAX_ENTRIES, max_specialization_bytes: int = DEFAULT_MAX_BYTES,
-                 max_executables: int = DEFAULT_MAX_EXECUTABLES):
+                 max_executables: int = DEFAULT_MAX_EXECUTABLES, background: bool = False):
         self.rules = check_rules(rules, device)  # as given ("S", "SRc", ...): reports print it
+        #: build a new stream configuration on a worker thread while its stream runs eagerly
+        #: (``_executable_or_build``, ``runtime.pending``)
+        self.background = check_background(background)
         check_policy(off_catalog, max_specializations, max_specialization_bytes)
         self.max_executables = check_max_executables(max_executables)
         self.executables_evicted = 0  # least recently used out, over max_executables
@@ -58,6 +72,11 @@ class DropIn:
         self.session = None
         self._opened = 0  # sessions opened by open_session (for their names)
         self._executables: "collections.OrderedDict[Hashable, Any]" = collections.OrderedDict()
+        self._builds: dict[Hashable, Build] = {}  # configurations being built on the worker
+        #: configurations whose background build failed, with why: their next set-up builds here
+        self.foreground_only: dict[Hashable, str] = {}
+        self._worker: concurrent.futures.ThreadPoolExecutor | None = None
+        self._exe_lock = threading.RLock()  # the two dicts above and _executables, shared with the worker
         #: symbolic steps shared by every stream configuration of this model (one trace
         #: per catalog entry serves every prompt length: see ``compile_executable``), read
         #: from and written to the disk cache ``cache`` names (``programs.open_disk_cache``)
@@ -77,17 +96,75 @@ class DropIn:
         """The executable for ``key``, compiled from ``adapter`` the first time it is held
         (traced once per model; specialized after), the least recently used dropped past
         ``max_executables``."""
-        exe = self._executables.get(key)
-        if exe is not None:
-            self._executables.move_to_end(key)
-            return exe
+        with self._exe_lock:
+            exe = self._executables.get(key)
+            if exe is not None:
+                self._executables.move_to_end(key)
+                return exe
         policy, most, most_bytes = self.off_catalog
         exe = compile_executable(adapter, self.rules, self.progress, self.programs, policy, most, most_bytes)
+        with self._exe_lock:
+            self._keep(key, exe)
+        return exe
+
+    def _keep(self, key: Hashable, exe) -> None:
         self._executables[key] = exe
+        self._executables.move_to_end(key)
         while len(self._executables) > self.max_executables:
             self._executables.popitem(last=False)  # a session on it keeps it alive while it lives
             self.executables_evicted += 1
-        return exe
+
+    def _executable_or_build(self, key: Hashable, adapter: StreamingAdapter):
+        """``(executable, None)``, compiled here if needed; or, with ``background`` on,
+        for a configuration not held yet, ``(None, build)``: its build on the worker
+        thread (started now, or the one already running), for a ``PendingSession``.
+        A build needs the model's symbolic steps in memory (a stream configuration set
+        up before, in this process): the first configuration compiles here, as does
+        one whose background build failed (``foreground_only``)."""
+        with self._exe_lock:
+            exe = self._executables.get(key)
+            if exe is not None:
+                self._executables.move_to_end(key)
+                return exe, None
+            build = self._builds.get(key)
+            if build is None and self.background and self.stable_state and len(self.programs) \
+                    and key not in self.foreground_only:
+                build = self._start_build(key, adapter)
+        if build is not None:
+            return None, build
+        return self._executable(key, adapter), None
+
+    def _start_build(self, key: Hashable, adapter: StreamingAdapter) -> Build:
+        """(Holding ``_lock``.)  Compile ``key``'s executable on the worker thread."""
+        if self._worker is None:
+            self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cadence-fx-build")
+        policy, most, most_bytes = self.off_catalog
+
+        def run():
+            try:
+                exe = compile_executable(adapter, self.rules, self.progress, self.programs, policy, most, most_bytes)
+            except BaseException as e:
+                with self._exe_lock:
+                    self._builds.pop(key, None)
+                    self.foreground_only[key] = f"{type(e).__name__}: {e}"
+                raise
+            with self._exe_lock:
+                self._keep(key, exe)
+                self._builds.pop(key, None)
+            return exe
+
+        build = Build(str(key), run, self._worker)
+        self._builds[key] = build
+        return build
+
+    def wait_for_builds(self, timeout: float | None = None) -> bool:
+        """Block until every background build running now is done (or ``timeout``
+        seconds passed); returns whether they are.  Streams take a finished build at
+        their next chunk; nothing needs this but a caller that wants them ready."""
+        with self._exe_lock:
+            builds = list(self._builds.values())
+        deadline = None if timeout is None else time.monotonic() + timeout
+        return all(b.wait(None if deadline is None else max(0.0, deadline - time.monotonic())) for b in builds)
 
     def set_off_catalog(self, policy: str, max_specializations: int | None = None,
                         max_specialization_bytes: int | None = None) -> None:
@@ -102,6 +179,11 @@ class DropIn:
         for exe in self._executables.values():
             if exe.variants is not None:
                 exe.variants.configure(policy, most, most_bytes)
+
+    def set_background(self, on: bool) -> None:
+        """From now on, build a new stream configuration on the worker thread while its
+        stream runs eagerly (``True``), or at its set-up (``False``); builds running go on."""
+        self.background = check_background(on)
 
     def _replace_session(self, session) -> None:
         """``session`` becomes the default stream; the one it replaces is closed (after the

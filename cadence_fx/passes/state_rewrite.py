@@ -42,6 +42,7 @@ import torch.fx as fx
 
 from .. import step as meta
 from ..errors import PassError
+from ..foreground import forked_rng
 from ..step import Role
 from . import aliasing
 from .base import CadencePass, PassResult, returns_written, view_root
@@ -237,6 +238,6 @@ def check_graph_hazards(gm: fx.GraphModule, bindings: Mapping[str, RegionBinding
     regions = {name: t.zero_() for name, t in regions.items()}
     args = list(example) + [regions[n] for n in meta.arena_inputs(gm)]
     # the check must not advance the caller's generators
-    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+    with forked_rng([dev] if dev.type == "cuda" else [], "the hazard check's full run"):
         accesses = aliasing.record_accesses(gm, args, regions)
     return aliasing.region_hazards(accesses)

@@ -35,6 +35,7 @@ import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ..errors import TraceError
+from ..foreground import forked_rng
 from .. import step as meta
 from ..step import Role, StepSignature
 from .trace_memo import DEFAULT_METHODS, CallMemo
@@ -165,7 +166,7 @@ def trace_symbolic(bind: Callable, signature: StepSignature, dims: Mapping[str, 
     before = _module_tensors(watch)
     memo = CallMemo(watch, () if os.environ.get("CADENCE_FX_TRACE_MEMO") == "0" else (memo_methods or ()))
     try:
-        with torch.no_grad(), torch.random.fork_rng(devices=[]), memo.installed():
+        with torch.no_grad(), forked_rng([], "a symbolic trace"), memo.installed():
             gm = make_fx(flat, pre_dispatch=True, tracing_mode="symbolic", _allow_non_fake_inputs=True)(*args)
     except TraceError:
         raise

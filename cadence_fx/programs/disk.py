@@ -40,6 +40,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
+from ..errors import NeedsForeground
 from ..passes.trace_symbolic import SymbolicStep
 from .serialize import ModuleTensorDiffers, Rejected, decode_step, encode_step
 
@@ -233,6 +234,8 @@ class DiskCache:
                 step = decode_step(record, modules)
         except Rejected as e:
             return None, self._reject(path, str(e))
+        except NeedsForeground:  # ``prepare`` in a background build: not the file's fault
+            raise
         except Exception as e:  # noqa: BLE001 - any damage is a rejection, never the user's error
             return None, self._reject(path, f"unreadable: {type(e).__name__}: {_line(e)}")
         self.counts["hits"] += 1

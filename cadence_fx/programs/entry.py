@@ -20,6 +20,7 @@ import torch
 import torch.fx as fx
 
 from ..errors import SpecializationRefused, TraceError
+from ..foreground import forked_rng
 from ..passes.specialize import specialize
 from ..passes.trace_symbolic import ModuleStateChanged, SymbolicStep, trace_symbolic
 from ..plan import CatalogEntry, Plan
@@ -41,7 +42,7 @@ def run_once(adapter, entry: CatalogEntry, by_region: dict, device: torch.device
              for r in adapter.signature.regions}
     bound = {p: by_region[r.name] for r in adapter.declaration.regions for p in r.buffers if r.name in by_region}
     devices = [device] if device.type == "cuda" else []
-    with torch.no_grad(), torch.random.fork_rng(devices=devices):
+    with torch.no_grad(), forked_rng(devices, f"entry {entry.index + 1}'s run on the scratch arena"):
         adapter.bind(bound)(adapter.example_inputs() if inputs is None else inputs, state, **(flags or {}))
 
 

@@ -293,19 +293,22 @@ def _release_generator(pool, stream) -> None:
 
 
 def capture_variant(program: torch.fx.GraphModule, args: Sequence[Any], pool, arena_ptr: int | None,
-                    stream, device: torch.device,
-                    rng: GraphRng | None = None) -> tuple[torch.fx.GraphModule, dict[str, str], str | None]:
-    """A session's own copy of an off-catalog program, captured mid-stream (generators
+                    stream, device: torch.device, rng: GraphRng | None = None,
+                    warm_up: bool | None = None) -> tuple[torch.fx.GraphModule, dict[str, str], str | None]:
+    """A session's own copy of a program (an off-catalog one, or an entry's in a session
+    that started before its executable existed), captured mid-stream (generators
     forked; the caller puts its live state back).  ``(parent, failed regions, error)``:
     out of memory is a failure of every region (they run eagerly, counted), any other
-    exception the ``error`` (the caller runs the chunk eagerly instead)."""
+    exception the ``error`` (the caller runs the chunk eagerly instead).  ``warm_up``:
+    see ``capture_entry`` (default: only on a new stream, ``stream`` None)."""
     parent = fresh_regions(program, rng)
     devices = [device] if device.type == "cuda" else []
     try:
         with collector.held(), torch.random.fork_rng(devices=devices):  # no finalizer mid-capture
             try:
                 # a stream that captured the session's entries is warm (None: a new stream)
-                return parent, capture_entry(parent, args, pool, arena_ptr, stream, warm_up=stream is None), None
+                warm = stream is None if warm_up is None else warm_up
+                return parent, capture_entry(parent, args, pool, arena_ptr, stream, warm_up=warm), None
             except torch.OutOfMemoryError as e:
                 return parent, {"*": f"out of memory while capturing: {e}"}, None
     except Exception as e:

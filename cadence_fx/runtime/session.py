@@ -33,7 +33,7 @@ import torch
 from ..errors import CadenceError, InputError, SessionBroken, SessionBusy, SessionClosed
 from ..plan import CatalogEntry, Plan, TensorSpec
 from ..step import Rules
-from . import collector
+from . import collector, device_work
 from .arena import Arena
 from .counters import SessionStats, SetupTimes
 from .gate import AdmissionGate, input_mismatch
@@ -85,6 +85,12 @@ class Executable:
         if arena is None or arena.device != torch.device(device):
             return Arena(self.plan.layout, device)
         return arena.clear()
+
+    def drop_spare_arena(self) -> None:
+        """Free the trace's arena if no session took it (a session that started before the
+        executable existed has its own: ``runtime.pending``)."""
+        with self._spare_lock:
+            self.spare_arena = None
 
     def claim_compile(self) -> dict[str, Any] | None:
         """The compile's notes the first time, ``None`` after (under ``_spare_lock``): only the
@@ -148,7 +154,7 @@ class Session:
         if not any(p.kind == "cudagraph" for p in self.executable.programs.values()):
             return failed
         t0 = time.perf_counter()
-        with self._exclusive("prepare_replay"):
+        with self._exclusive("prepare_replay"), device_work.LOCK:  # never beside a background build
             pool = torch.cuda.graph_pool_handle()  # one pool for all this session's graphs
             # and one capture stream: one set of library workspaces (None: a CPU test's fake capture)
             stream = torch.cuda.Stream(self._expect_device) if self._expect_device.type == "cuda" else None
@@ -206,6 +212,7 @@ class Session:
         with self._exclusive("step"):
             self._check_usable("step")
             self._validate(inputs)
+            self._before_step()
             entry = self._entry()
             if any(flags.values()):
                 reason = "flags " + ",".join(k for k, v in flags.items() if v) + " outside the catalog (eager)"
@@ -295,6 +302,10 @@ class Session:
         self.closed = True
 
     # ------------------------------------------------------------- one step
+    def _before_step(self) -> None:
+        """Runs at the start of every step, inside its exclusive section (a hook:
+        ``runtime.pending`` takes its executable here, at a chunk boundary)."""
+
     def _step_program(self, entry: CatalogEntry, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The entry's graph (or replay) on the state in place; a failure part-way breaks the session."""
         return self._run_program(self._program(entry.index), entry.index, inputs)
@@ -364,6 +375,11 @@ class Session:
         mine = self._variant_programs.get(key)
         if mine is not None:
             return (None, mine) if isinstance(mine, str) else (mine, None)
+        with device_work.try_held() as free:  # mid-stream: never wait for a background build
+            return self._capture_variant(key, program, inputs) if free else (None, device_work.DEFERRED)
+
+    def _capture_variant(self, key: VariantKey, program: EntryProgram,
+                         inputs: Mapping[str, torch.Tensor]) -> tuple[EntryProgram | None, str | None]:
         from .graphs import capture_variant
         t0 = time.perf_counter()
         saved = {r: t.clone() for r, t in self._live_state().items()}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ...compiler import build_plan, open_session
+from ...compiler import build_plan, open_pending_session, open_session
 from ...programs import setup_section
 from ...runtime.binding import rebind_buffers
 from ...runtime.variants import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, DEFAULT_POLICY, off_catalog_section
@@ -25,7 +25,10 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
     plan.  Rules R/Rc (replay over stock-managed state) keep private stock-sized
     buffers instead, as a second stock model would.  Graphs are built on the first
     ``set_stream_cache`` for a prompt length and reused for later streams of that
-    length.
+    length.  With ``background=True`` (rules with S) a prompt length after the first
+    is built on a worker thread instead: ``set_stream_cache`` returns once the prompt
+    is set up, the stream's chunks run the exact eager path until the build is done,
+    and replay from the next chunk on (``runtime.pending``; ``stats()["background"]``).
 
     Many streams on one set of weights: ``open_session(...)`` returns a
     ``Token2WavSession`` with its own state (arena, or under R/Rc its own copies),
@@ -39,9 +42,9 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
     def __init__(self, tail: Token2WavTail, rules: str = "S", progress=None, cache=True,
                  off_catalog: str = DEFAULT_POLICY, max_specializations: int = DEFAULT_MAX_ENTRIES,
                  max_specialization_bytes: int = DEFAULT_MAX_BYTES,
-                 max_executables: int = DEFAULT_MAX_EXECUTABLES):
+                 max_executables: int = DEFAULT_MAX_EXECUTABLES, background: bool = False):
         super().__init__(rules, tail.device, progress, cache, off_catalog, max_specializations,
-                         max_specialization_bytes, max_executables)
+                         max_specialization_bytes, max_executables, background)
         self.n_timesteps, self.float16 = tail.n_timesteps, tail.float16
         flow_paths = [p.removeprefix("flow.") for p in STOCK_BUFFERS]
         self._stock_buffer_bytes = sum(module_buffer(tail.flow, p).nbytes for p in flow_paths)
@@ -64,7 +67,11 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
 
     def executable(self, prompt_frames: int, spk: torch.Tensor):
         """The executable for prompts of ``prompt_frames`` mel frames (traced on first use)."""
-        return self._executable((prompt_frames, tuple(spk.shape), spk.dtype), self.adapter_for(prompt_frames, spk))
+        return self._executable(self._key(prompt_frames, spk), self.adapter_for(prompt_frames, spk))
+
+    @staticmethod
+    def _key(prompt_frames: int, spk: torch.Tensor) -> tuple:
+        return prompt_frames, tuple(spk.shape), spk.dtype
 
     def explain(self, prompt_frames: int) -> str:
         """The plan for prompts of ``prompt_frames`` mel frames (nothing is traced), and its
@@ -81,8 +88,11 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
         check_prompt(prompt_tokens, prompt_mels, spk, self.device, self.dtype)
         spk = spk.clone(memory_format=torch.contiguous_format)  # the caller's tensor may change after
         prompt_frames = int(prompt_mels.shape[1])
-        exe = self.executable(prompt_frames, spk)
-        return open_session(exe, self.adapter_for(prompt_frames, spk), prompt_tokens, prompt_mels, spk), spk
+        adapter = self.adapter_for(prompt_frames, spk)
+        exe, build = self._executable_or_build(self._key(prompt_frames, spk), adapter)
+        if build is not None:  # background: eager chunks until its executable is built
+            return open_pending_session(adapter, self.rules, build, prompt_tokens, prompt_mels, spk), spk
+        return open_session(exe, adapter, prompt_tokens, prompt_mels, spk), spk
 
     @torch.inference_mode()
     def open_session(self, prompt_tokens: torch.Tensor, prompt_mels: torch.Tensor, spk: torch.Tensor,

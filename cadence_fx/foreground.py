@@ -1,0 +1,74 @@
+"""What a background build must leave to the foreground thread: the random generators.
+
+A drop-in with ``background=True`` builds a new stream configuration's executable on
+a worker thread while the stream already runs the exact eager path
+(``runtime.pending``).  The build must not touch anything the foreground's chunks
+depend on, and the one such thing the compile path touches is the global random
+generators: every place that runs the step for real (a concrete trace, the hazard
+check's full run, a table the model moves on first use) forks them
+(``torch.random.fork_rng``), saving their states and putting them back at its end.
+On a worker thread that put-back would rewind the foreground's generator between two
+of its draws (a vocoder that draws noise every chunk), and its next chunk would
+repeat numbers: a wrong chunk.
+
+- ``forked_rng(devices, what)``: ``torch.random.fork_rng`` in the foreground;
+  ``NeedsForeground`` on a thread inside ``background()``.
+- ``background()``: marks the worker's block, and refuses (a dispatch mode on that
+  thread only) any random op that would draw from a default generator; an op given
+  its own ``generator=`` draws from that one, which is allowed.
+
+A refused build costs nothing but speed: its stream stays on the eager path (the
+reason counted) and the configuration's next set-up builds in the foreground.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Iterator, Sequence
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .errors import NeedsForeground
+
+_LOCAL = threading.local()
+
+
+def in_background() -> bool:
+    """Whether this thread is running a background build."""
+    return getattr(_LOCAL, "depth", 0) > 0
+
+
+def forked_rng(devices: Sequence, what: str):
+    """``torch.random.fork_rng(devices=devices)``; in a background build, ``NeedsForeground``
+    naming ``what`` (the work that would run the step for real)."""
+    if in_background():
+        raise NeedsForeground(f"{what} runs the step for real, which forks the global random generators: "
+                              f"only the foreground may")
+    return torch.random.fork_rng(devices=list(devices))
+
+
+def _own_generator(args, kwargs) -> bool:
+    return kwargs.get("generator") is not None or any(isinstance(a, torch.Generator) for a in args)
+
+
+class _NoDefaultDraws(TorchDispatchMode):
+    """Refuses, on the thread it is entered on, every random op that has no generator of its own."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if torch.Tag.nondeterministic_seeded in func.tags and not _own_generator(args, kwargs):
+            raise NeedsForeground(f"{func} would draw from a default random generator")
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def background() -> Iterator[None]:
+    """This thread runs a background build for the block (see the module docstring)."""
+    _LOCAL.depth = getattr(_LOCAL, "depth", 0) + 1
+    try:
+        with _NoDefaultDraws():
+            yield
+    finally:
+        _LOCAL.depth -= 1

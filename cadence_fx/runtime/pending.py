@@ -1,0 +1,176 @@
+"""A stream that starts before its executable exists: eager until a background build lands.
+
+A new stream configuration (a speech decoder: a voice prompt of a length not seen yet)
+needs an executable: specialize every catalog entry, run the passes, and under
+replay capture the graphs, seconds of host work.  With ``background=True`` a
+drop-in does not make the stream wait for it:
+
+1. ``Build`` runs the compile on the drop-in's worker thread, inside
+   ``foreground.background()`` (it must not touch the random generators the stream
+   draws from) and holding ``device_work.LOCK`` (no capture while it touches the
+   device).  The plan needs no trace, so
+2. ``PendingSession`` is opened at once on an arena of that plan: the prompt's
+   set-up runs and is loaded as in any session, and every chunk runs the exact eager
+   path (``adapter.fallback`` on the arena's state, counted as ``WAITING``).
+3. At the first chunk boundary after the build is done, the session takes the
+   executable: same plan, so the same arena layout, and the state stays where it
+   is.  From that chunk on its programs run.  Under replay rules each entry's graphs
+   are captured on this arena the first time a chunk needs them, between chunks,
+   with the live state saved and put back (as an off-catalog specialization's
+   capture is); if a build holds the device lock then, that chunk runs eagerly
+   and the capture is tried at the next one.
+4. A build that fails (``NeedsForeground``: it would have had to run the step for
+   real; or any error) leaves the stream eager for its whole life, with the reason
+   counted: never a wrong chunk, never a stall.  The drop-in builds that
+   configuration in the foreground at its next set-up (and raises there if the
+   error is the model's).
+
+``stats()["background"]`` says whether and when the session took its executable,
+how long the build queued and ran, and why chunks still run eagerly.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import time
+from typing import Any, Callable, Mapping
+
+import torch
+
+from ..foreground import background
+from ..plan import CatalogEntry
+from . import device_work
+from .counters import SetupTimes
+from .session import Executable, Session
+
+#: the counted reason of a chunk that ran before its executable was ready
+WAITING = "building in the background (eager until ready)"
+
+
+class Build:
+    """One executable compiled on a worker thread: ``run()`` under the foreground fence,
+    with the caller's grad and inference modes, holding the device lock."""
+
+    def __init__(self, label: str, run: Callable[[], Executable], executor: concurrent.futures.Executor):
+        self.label = label
+        self.submitted = time.perf_counter()
+        self.started: float | None = None
+        self.finished: float | None = None
+        grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+        self._future = executor.submit(self._run, run, grad, inference)
+
+    def _run(self, run: Callable[[], Executable], grad: bool, inference: bool) -> Executable:
+        with device_work.LOCK:  # no capture anywhere while the build touches the device
+            self.started = time.perf_counter()
+            try:
+                with background(), torch.inference_mode(inference), torch.set_grad_enabled(grad):
+                    return run()
+            finally:
+                self.finished = time.perf_counter()
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the build is done (or ``timeout`` seconds); returns whether it is."""
+        concurrent.futures.wait([self._future], timeout)
+        return self._future.done()
+
+    def error(self) -> BaseException | None:
+        """What the build raised (``None`` while it runs, or when it succeeded)."""
+        return self._future.exception() if self._future.done() else None
+
+    def result(self) -> Executable:
+        return self._future.result()
+
+    def times(self) -> dict[str, float | None]:
+        """Seconds it waited for the worker (``queued_s``) and ran (``build_s``); None until known."""
+        queued = None if self.started is None else round(self.started - self.submitted, 3)
+        ran = None if self.finished is None or self.started is None else round(self.finished - self.started, 3)
+        return {"queued_s": queued, "build_s": ran}
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"
+
+
+class PendingSession(Session):
+    """A ``Session`` on a plan-only executable (``shell``: no programs) that takes
+    ``build``'s executable at the first step after it is done (module docstring)."""
+
+    def __init__(self, shell: Executable, arena, fallback, build: Build):
+        super().__init__(shell, arena, fallback, {})
+        self.build = build
+        self._eager_reason: str | None = WAITING  # None once the programs may run
+        self._taken_at_step: int | None = None
+        self._entry_failures: dict[int, str] = {}  # entry -> why its capture failed (eager from then on)
+
+    def _before_step(self) -> None:
+        if self._eager_reason != WAITING or not self.build.done():
+            return
+        error = self.build.error()
+        if error is not None:
+            self._eager_reason = f"background build failed: {_first_line(error)}"
+            return
+        exe = self.build.result()
+        if exe.plan != self.executable.plan or exe.carried != self.executable.carried:
+            self._eager_reason = "background build made another plan than the session's (not taken)"
+            return
+        self.executable = exe
+        exe.drop_spare_arena()  # this session streams on its own arena; a later one makes its own
+        self._stats.setup = dataclasses.replace(SetupTimes.from_compile(exe.claim_compile()),
+                                                capture_s=self._stats.setup.capture_s)
+        if any(p.kind == "cudagraph" for p in exe.programs.values()):
+            self._programs = {}  # each entry captured on this arena when a chunk first needs it
+        self._taken_at_step = self._stats.steps
+        self._eager_reason = None
+
+    def _admit(self, entry: CatalogEntry, inputs: Mapping[str, torch.Tensor]) -> str | None:
+        if self._eager_reason is not None:
+            return self._eager_reason
+        why = super()._admit(entry, inputs)
+        if why is not None or self._programs is None or entry.index in self._programs:
+            return why
+        if entry.index in self._entry_failures:
+            return self._entry_failures[entry.index]
+        with device_work.try_held() as free:  # mid-stream: never wait for another build
+            return self._capture_entry(entry.index, inputs) if free else device_work.DEFERRED
+
+    def _capture_entry(self, index: int, inputs: Mapping[str, torch.Tensor]) -> str | None:
+        """Capture entry ``index``'s graphs on this arena now (the live state saved and put back)."""
+        from .graphs import GraphRng, capture_variant
+        t0 = time.perf_counter()
+        device = self._expect_device
+        warm = self._capture_stream is None  # this session's first capture warms its stream up
+        if self._pool is None:
+            self._pool, self._rng = torch.cuda.graph_pool_handle(), GraphRng.for_device(device)
+        if self._capture_stream is None:
+            self._capture_stream = torch.cuda.Stream(device)
+        program = self.executable.programs[index]
+        saved = {r: t.clone() for r, t in self._live_state().items()}
+        extents = dict(self.extents)
+        args = [inputs[n] for n in self.executable.inputs] + self._capture_state_args(program)
+        try:
+            parent, failed, error = capture_variant(program.run, args, self._pool, self._bound_storage(),
+                                                    self._capture_stream, device, self._rng, warm_up=warm)
+        finally:  # capture ran the step on the arena: put the live state back (a failure here breaks it)
+            self._write_state(saved, extents)
+            self._stats.setup.capture_s += time.perf_counter() - t0
+        if error is not None:  # never a crash mid-stream: this entry runs eagerly in this session
+            self.capture_failures[index] = {"*": error}
+            self._entry_failures[index] = f"entry {index} not captured: {error}"
+            return self._entry_failures[index]
+        self.capture_failures[index] = failed  # {} where every region captured (as prepare_replay records)
+        self._programs[index] = dataclasses.replace(program, run=parent)
+        return None
+
+    def stats(self) -> dict[str, Any]:
+        """``Session.stats()`` plus ``background``: ``taken`` (the executable is this
+        session's now), ``taken_at_step`` (chunks that ran before it), ``queued_s`` and
+        ``build_s`` (the worker's), and ``eager_reason`` (why chunks run eagerly now, if they do)."""
+        out = super().stats()
+        out["background"] = {"taken": self._eager_reason is None, "taken_at_step": self._taken_at_step,
+                             **self.build.times(), "eager_reason": self._eager_reason}
+        return out

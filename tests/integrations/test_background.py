@@ -1,0 +1,245 @@
+"""A new voice never waits for its graphs (issue 15): ``background=True``.
+
+The shared ``t2w`` model (tests/conftest.py: released Token2Wav, 2 flow steps, rule S)
+with ``background`` switched on: a prompt length it has not seen is built on the
+drop-in's worker thread, ``set_stream_cache`` returns once the prompt is set up, the
+chunks run the exact eager path until the build is done and the model's programs from
+the next chunk on.  Every chunk is compared with stock (waveform, PCM, every state
+tensor): before, across and after the switch, through warm-up, growth, trim, steady
+state, a flush and a turn reset.  A build that would touch the foreground's random
+generators is refused (``cadence_fx.foreground``), and its stream stays eager and exact.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import cadence_fx
+from cadence_fx import foreground
+from cadence_fx.errors import NeedsForeground
+from cadence_fx.integrations import dropin as dropin_module
+from cadence_fx.integrations import stepaudio2 as s2
+from cadence_fx.lockstep import compare_streams
+from cadence_fx.passes.prune_dead import PruneDead
+from cadence_fx.runtime.pending import WAITING, PendingSession
+
+from helpers.marks import cuda, deterministic_protocol_restored
+
+CPU = torch.device("cpu")
+EAGER = f"fallback: {WAITING}"
+FLUSH = "fallback: flags last_chunk outside the catalog (eager)"
+
+
+@pytest.fixture
+def background(t2w, monkeypatch):
+    """The shared model with its symbolic steps traced and ``background`` on (off again after)."""
+    if not len(t2w.opt.programs):
+        prompt = s2.synthetic_prompt(5, seed=1)  # the length other files use
+        t2w.opt.set_stream_cache(*prompt)
+    monkeypatch.setattr(t2w.opt, "background", True)
+    return t2w
+
+
+@pytest.fixture
+def gated(monkeypatch):
+    """Background builds wait for ``gate.set()`` before they compile."""
+    gate = threading.Event()
+    real = dropin_module.compile_executable
+
+    def held(*args, **kwargs):
+        assert gate.wait(300), "the test never opened the gate"
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(dropin_module, "compile_executable", held)
+    yield gate
+    gate.set()
+
+
+def _compare(t2w, chunks, seed: int) -> dict:
+    report = compare_streams(t2w.tail, t2w.opt, chunks, CPU, seed=seed)
+    assert report["exact"], report["mismatches"]
+    assert report["pcm_sha256_stock"] == report["pcm_sha256_optimized"]
+    return report
+
+
+def test_a_new_length_streams_eagerly_until_its_build_lands_then_runs_its_programs(background, gated):
+    t2w = background
+    prompt = s2.synthetic_prompt(37, seed=37)  # a length no other test uses
+    t2w.tail.set_stream_cache(*prompt)
+    t2w.opt.set_stream_cache(*prompt)  # returns with the build waiting at the gate
+    assert isinstance(t2w.opt.session, PendingSession)
+    chunks = s2.synthetic_chunks(5, seed=37, final_tokens=11)  # warm-up, growth, trim, steady, flush
+    before = _compare(t2w, chunks[:2], seed=371)
+    assert [c["route"] for c in before["per_chunk"]] == [EAGER] * 2
+    assert t2w.opt.stats()["fallbacks"] == {WAITING: 2}
+    assert t2w.opt.stats()["background"]["taken"] is False
+
+    gated.set()
+    assert t2w.opt.wait_for_builds(300)
+    after = _compare(t2w, chunks[2:], seed=372)  # the switch happens at this call's first chunk
+    routes = [c["route"] for c in after["per_chunk"]]
+    assert routes == ["graph entry 2"] * 3 + [FLUSH], routes  # trim and steady state, then the flush
+    stats = t2w.opt.stats()
+    assert stats["fallbacks"] == {WAITING: 2, "flags last_chunk outside the catalog (eager)": 1}
+    assert stats["background"]["taken"] and stats["background"]["taken_at_step"] == 2
+    assert stats["background"]["build_s"] > 0 and stats["setup_s"]["compiled"]
+    assert stats["setup_s"]["how"] == {"0": "specialized", "1": "specialized", "2": "specialized"}
+
+    # a second stream of this length finds the executable: no build, no eager chunk
+    t2w.tail.set_stream_cache(*prompt)
+    t2w.opt.set_stream_cache(*prompt)
+    assert not isinstance(t2w.opt.session, PendingSession)
+    again = _compare(t2w, chunks[:1], seed=373)
+    assert [c["route"] for c in again["per_chunk"]] == ["graph entry 0"]
+
+
+def test_a_turn_reset_after_the_switch_restores_the_state_set_up_before_it(background, gated):
+    t2w = background
+    prompt = s2.synthetic_prompt(43, seed=43)
+    session = t2w.opt.open_session(*prompt)  # the sessions API: the same pending path
+    t2w.tail.set_stream_cache(*prompt)
+    first = compare_streams(t2w.tail, session, s2.synthetic_chunks(1, seed=44), CPU, seed=44)
+    assert first["exact"], first["mismatches"]
+    gated.set()
+    assert t2w.opt.wait_for_builds(300)
+    session.reset()  # the post-prompt snapshot was taken on the plan-only executable
+    t2w.tail.set_stream_cache(*prompt)
+    report = compare_streams(t2w.tail, session, s2.synthetic_chunks(3, seed=45, final_tokens=9), CPU, seed=45)
+    assert report["exact"], report["mismatches"]
+    assert [c["route"] for c in report["per_chunk"]] == \
+        ["graph entry 0", "graph entry 1", "graph entry 2", FLUSH]
+    session.close()
+
+
+def test_chunks_that_run_while_the_build_runs_stay_exact(background):
+    """No gate: the worker specializes and runs the passes while the chunks (which draw
+    noise from the global generator every chunk) run; whichever chunk takes the build."""
+    t2w = background
+    prompt = s2.synthetic_prompt(29, seed=29)
+    t2w.tail.set_stream_cache(*prompt)
+    t2w.opt.set_stream_cache(*prompt)
+    report = _compare(t2w, s2.synthetic_chunks(3, seed=29, final_tokens=5), seed=291)
+    routes = [c["route"] for c in report["per_chunk"]]
+    assert routes[-1] == FLUSH
+    assert t2w.opt.wait_for_builds(300)
+    taken = t2w.opt.stats()["background"]["taken_at_step"]
+    assert taken is None or all(r == EAGER for r in routes[:taken]), routes
+    if taken is not None:  # the build landed mid-stream: every chunk after it ran the programs
+        assert all(r.startswith("graph entry") for r in routes[taken:-1]), routes
+
+
+def test_a_build_that_would_draw_random_numbers_is_refused_and_its_stream_stays_exact(background, monkeypatch):
+    t2w = background
+    real = PruneDead.call
+
+    def drawing(self, gm):
+        torch.rand(1)  # from the default generator: only the foreground may
+        return real(self, gm)
+
+    monkeypatch.setattr(PruneDead, "call", drawing)
+    prompt = s2.synthetic_prompt(47, seed=47)
+    t2w.tail.set_stream_cache(*prompt)
+    t2w.opt.set_stream_cache(*prompt)
+    assert t2w.opt.wait_for_builds(300)
+    report = _compare(t2w, s2.synthetic_chunks(2, seed=47), seed=471)
+    [(reason, n)] = t2w.opt.stats()["fallbacks"].items()
+    assert n == 2 and reason.startswith("background build failed: ") and "default random generator" in reason, reason
+    assert [c["route"] for c in report["per_chunk"]] == [f"fallback: {reason}"] * 2
+    key = t2w.opt._key(94, prompt[2])
+    assert "default random generator" in t2w.opt.foreground_only[key]
+
+    monkeypatch.setattr(PruneDead, "call", real)  # the next set-up of this length builds in the foreground
+    t2w.tail.set_stream_cache(*prompt)
+    t2w.opt.set_stream_cache(*prompt)
+    assert not isinstance(t2w.opt.session, PendingSession)
+    again = _compare(t2w, s2.synthetic_chunks(1, seed=48), seed=481)
+    assert [c["route"] for c in again["per_chunk"]] == ["graph entry 0"]
+
+
+def test_the_first_length_and_rules_without_an_arena_build_in_the_foreground(t2w):
+    tail = t2w.tail
+    opt = cadence_fx.optimize(tail, cache=False, background=True)  # nothing traced yet
+    calls = []
+    opt._executable = lambda key, adapter: calls.append(key) or "compiled here"
+    _, mels, spk = s2.synthetic_prompt(5)
+    key, adapter = opt._key(int(mels.shape[1]), spk), opt.adapter_for(int(mels.shape[1]), spk)
+    assert opt._executable_or_build(key, adapter) == ("compiled here", None) and calls == [key]
+    assert not opt._builds
+    with pytest.raises(cadence_fx.CadenceError, match="background=.*True or False"):
+        cadence_fx.optimize(tail, cache=False, background="yes")
+
+
+def test_the_fence_refuses_what_only_the_foreground_may_do():
+    gen = torch.Generator().manual_seed(0)
+    with foreground.background():
+        assert foreground.in_background()
+        torch.rand(2, generator=gen)  # its own generator: allowed
+        torch.zeros(2).normal_(generator=gen)
+        with pytest.raises(NeedsForeground, match="default random generator"):
+            torch.rand(2)
+        with pytest.raises(NeedsForeground, match="default random generator"):
+            torch.zeros(2).bernoulli_(0.5)
+        with pytest.raises(NeedsForeground, match="the hazard check's full run"):
+            foreground.forked_rng([], "the hazard check's full run")
+    assert not foreground.in_background()
+    with foreground.forked_rng([], "a trace"):  # the foreground forks as before
+        torch.rand(1)
+    seen = []
+    worker = threading.Thread(target=lambda: seen.append(foreground.in_background()))
+    with foreground.background():
+        worker.start()
+        worker.join()
+    assert seen == [False]  # per thread: the foreground of another thread is not fenced
+
+
+@cuda
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_on_cuda_each_entry_is_captured_when_a_chunk_first_needs_it_and_replays_exactly(dtype, monkeypatch):
+    """Rules SRc: after the switch each catalog entry is captured on the session's arena
+    between two chunks (the live state saved and put back); from then on it replays.  A
+    chunk whose capture a running build holds off runs eagerly, counted, and the capture
+    is tried again at the next chunk."""
+    from cadence_fx.runtime import device_work
+    with deterministic_protocol_restored():
+        dev = torch.device("cuda")
+        flow, hift = s2.build_modules(0)
+        tail = s2.Token2WavTail(flow.cuda(), hift.cuda(), n_timesteps=5, float16=dtype == "float16")
+        opt = cadence_fx.optimize(tail, rules="SRc", background=True)
+        first = s2.synthetic_prompt(23, seed=23, device="cuda")
+        tail.set_stream_cache(*first)
+        opt.set_stream_cache(*first)  # the first length compiles in the foreground (it traces)
+        assert not isinstance(opt.session, PendingSession)
+
+        gate = threading.Event()
+        real = dropin_module.compile_executable
+        monkeypatch.setattr(dropin_module, "compile_executable",
+                            lambda *a, **k: gate.wait(300) and real(*a, **k))
+        prompt = s2.synthetic_prompt(61, seed=61, device="cuda")
+        tail.set_stream_cache(*prompt)
+        opt.set_stream_cache(*prompt)
+        assert isinstance(opt.session, PendingSession)
+        chunks = s2.synthetic_chunks(6, seed=61, final_tokens=13)
+        before = compare_streams(tail, opt, chunks[:1], dev, seed=611)
+        assert before["exact"], before["mismatches"]
+        gate.set()
+        assert opt.wait_for_builds(300)
+        deferred = []
+        with device_work.LOCK:  # as if another voice's build were running: the capture waits a chunk
+            held = threading.Thread(target=lambda: deferred.append(
+                compare_streams(tail, opt, chunks[1:2], dev, seed=612)))
+            held.start()
+            held.join()
+        assert deferred and deferred[0]["exact"], deferred
+        assert [c["route"] for c in deferred[0]["per_chunk"]] == [f"fallback: {device_work.DEFERRED}"]
+        report = compare_streams(tail, opt, chunks[2:], dev, seed=613)
+        assert report["exact"], report["mismatches"]
+        assert report["pcm_sha256_stock"] == report["pcm_sha256_optimized"]
+        routes = [c["route"] for c in report["per_chunk"]]
+        assert routes == ["replay entry 2"] * 4 + ["fallback: flags last_chunk outside the catalog (eager)"], routes
+        stats = opt.stats()
+        assert stats["fallbacks"][WAITING] == 1 and stats["fallbacks"][device_work.DEFERRED] == 1, stats
+        assert stats["background"]["taken_at_step"] == 1 and stats["setup_s"]["capture_s"] > 0
+        assert sorted(opt.session._programs) == [2] and opt.session.capture_failures == {2: {}}
