@@ -27,12 +27,23 @@ drop-in does not make the stream wait for it:
 
 ``stats()["background"]`` says whether and when the session took its executable,
 how long the build queued and ran, and why chunks still run eagerly.
+
+The worker shares the interpreter with the stream.  Every torch op releases the GIL
+while it dispatches, and CPython hands it back to a waiting thread only at its switch
+interval (5 ms by default): with a build running, each op of the stream's eager
+chunks waited up to 5 ms for the worker, so an eager prompt set-up took as long as
+the build (measured on the H200, 2026-12-02).  While any build runs the interval is
+``SWITCH_INTERVAL_S`` (process-wide, as the interval is; restored when the last build
+ends, unless someone else changed it meanwhile).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
+import sys
+import threading
 import time
 from typing import Any, Callable, Mapping
 
@@ -46,6 +57,32 @@ from .session import Executable, Session
 
 #: the counted reason of a chunk that ran before its executable was ready
 WAITING = "building in the background (eager until ready)"
+#: CPython's thread switch interval while a build runs (see the module docstring)
+SWITCH_INTERVAL_S = 2e-5
+
+_SWITCH_LOCK = threading.Lock()
+_switch_depth = 0
+_switch_saved = 0.005
+_switch_ours = SWITCH_INTERVAL_S  # as the interpreter reads it back (microseconds)
+
+
+@contextlib.contextmanager
+def quick_switches() -> "contextlib.AbstractContextManager[None]":
+    """``sys.setswitchinterval(SWITCH_INTERVAL_S)`` while any block of these runs."""
+    global _switch_depth, _switch_saved, _switch_ours
+    with _SWITCH_LOCK:
+        if _switch_depth == 0:
+            _switch_saved = sys.getswitchinterval()
+            sys.setswitchinterval(SWITCH_INTERVAL_S)
+            _switch_ours = sys.getswitchinterval()
+        _switch_depth += 1
+    try:
+        yield
+    finally:
+        with _SWITCH_LOCK:
+            _switch_depth -= 1
+            if _switch_depth == 0 and sys.getswitchinterval() == _switch_ours:
+                sys.setswitchinterval(_switch_saved)
 
 
 class Build:
@@ -61,7 +98,7 @@ class Build:
         self._future = executor.submit(self._run, run, grad, inference)
 
     def _run(self, run: Callable[[], Executable], grad: bool, inference: bool) -> Executable:
-        with device_work.LOCK:  # no capture anywhere while the build touches the device
+        with device_work.LOCK, quick_switches():  # no capture while the build touches the device
             self.started = time.perf_counter()
             try:
                 with background(), torch.inference_mode(inference), torch.set_grad_enabled(grad):

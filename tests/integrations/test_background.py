@@ -12,7 +12,9 @@ generators is refused (``cadence_fx.foreground``), and its stream stays eager an
 
 from __future__ import annotations
 
+import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -24,6 +26,7 @@ from cadence_fx.integrations import dropin as dropin_module
 from cadence_fx.integrations import stepaudio2 as s2
 from cadence_fx.lockstep import compare_streams
 from cadence_fx.passes.prune_dead import PruneDead
+from cadence_fx.runtime import pending
 from cadence_fx.runtime.pending import WAITING, PendingSession
 
 from helpers.marks import cuda, deterministic_protocol_restored
@@ -67,10 +70,15 @@ def _compare(t2w, chunks, seed: int) -> dict:
 
 def test_a_new_length_streams_eagerly_until_its_build_lands_then_runs_its_programs(background, gated):
     t2w = background
+    switch = sys.getswitchinterval()
     prompt = s2.synthetic_prompt(37, seed=37)  # a length no other test uses
     t2w.tail.set_stream_cache(*prompt)
     t2w.opt.set_stream_cache(*prompt)  # returns with the build waiting at the gate
     assert isinstance(t2w.opt.session, PendingSession)
+    build = t2w.opt.session.build
+    while build.started is None:  # the worker holds it at the gate, inside the build
+        time.sleep(0.01)
+    assert sys.getswitchinterval() == pytest.approx(pending.SWITCH_INTERVAL_S)  # the stream's ops wait less
     chunks = s2.synthetic_chunks(5, seed=37, final_tokens=11)  # warm-up, growth, trim, steady, flush
     before = _compare(t2w, chunks[:2], seed=371)
     assert [c["route"] for c in before["per_chunk"]] == [EAGER] * 2
@@ -79,6 +87,7 @@ def test_a_new_length_streams_eagerly_until_its_build_lands_then_runs_its_progra
 
     gated.set()
     assert t2w.opt.wait_for_builds(300)
+    assert sys.getswitchinterval() == switch  # the last build ended
     after = _compare(t2w, chunks[2:], seed=372)  # the switch happens at this call's first chunk
     routes = [c["route"] for c in after["per_chunk"]]
     assert routes == ["graph entry 2"] * 3 + [FLUSH], routes  # trim and steady state, then the flush

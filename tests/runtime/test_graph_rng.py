@@ -122,6 +122,8 @@ def test_without_a_state_per_session_this_torch_mixes_overlapped_draws():
     want_b, _ = eager(2, x)
     a, b = captured(SPIN, x, None), captured(0, x, None)
     out_a, out_b = overlapped(a, b, x)
-    assert torch.equal(out_b, want_b)
-    assert not torch.equal(out_a, want_a)
-    assert torch.equal(out_a, want_b), "the spinning graph drew with the other replay's seed and offset"
+    # which replay's seed both read depends on when each stream's seed write runs (other
+    # work on the GPU can delay either): the control is that they do not both draw their own
+    assert not (torch.equal(out_a, want_a) and torch.equal(out_b, want_b)), \
+        "both overlapped graphs drew what eager draws: this torch no longer shares the seed tensors"
+    assert torch.equal(out_a, out_b), "the two graphs read one pair of seed and offset tensors"
