@@ -5,13 +5,15 @@ needs an executable: specialize every catalog entry, run the passes, and under
 replay capture the graphs, seconds of host work.  With ``background=True`` a
 drop-in does not make the stream wait for it:
 
-1. ``Build`` runs the compile on the drop-in's worker thread, inside
+1. ``Build`` will run the compile on the drop-in's worker thread, inside
    ``foreground.background()`` (it must not touch the random generators the stream
    draws from) and holding ``device_work.LOCK`` (no capture while it touches the
    device).  The plan needs no trace, so
 2. ``PendingSession`` is opened at once on an arena of that plan: the prompt's
    set-up runs and is loaded as in any session, and every chunk runs the exact eager
-   path (``adapter.fallback`` on the arena's state, counted as ``WAITING``).
+   path (``adapter.fallback`` on the arena's state, counted as ``WAITING``).  The
+   build starts once the first chunk is out: the set-up and the first chunk (the
+   time to first audio) run as stock's do, without a build beside them.
 3. At the first chunk boundary after the build is done, the session takes the
    executable: same plan, so the same arena layout, and the state stays where it
    is.  From that chunk on its programs run.  Under replay rules each entry's graphs
@@ -87,15 +89,31 @@ def quick_switches() -> "contextlib.AbstractContextManager[None]":
 
 class Build:
     """One executable compiled on a worker thread: ``run()`` under the foreground fence,
-    with the caller's grad and inference modes, holding the device lock."""
+    with the caller's grad and inference modes, holding the device lock.
+
+    It is submitted to the worker by ``start()`` (idempotent), which a ``PendingSession``
+    calls once its first chunk is out: the prompt's set-up and the first chunk, what
+    the time to first audio is made of, never share the interpreter with a build of
+    their own.  ``wait`` starts it too."""
 
     def __init__(self, label: str, run: Callable[[], Executable], executor: concurrent.futures.Executor):
         self.label = label
-        self.submitted = time.perf_counter()
+        self.submitted: float | None = None
         self.started: float | None = None
         self.finished: float | None = None
-        grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
-        self._future = executor.submit(self._run, run, grad, inference)
+        self._grad, self._inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+        self._pending: tuple | None = (run, executor)
+        self._future: concurrent.futures.Future = concurrent.futures.Future()
+        self._start_lock = threading.Lock()
+
+    def start(self) -> None:
+        """Submit the build to the worker (once; later calls do nothing)."""
+        with self._start_lock:
+            if self._pending is None:
+                return
+            (run, executor), self._pending = self._pending, None
+            self.submitted = time.perf_counter()
+            self._future = executor.submit(self._run, run, self._grad, self._inference)
 
     def _run(self, run: Callable[[], Executable], grad: bool, inference: bool) -> Executable:
         with device_work.LOCK, quick_switches():  # no capture while the build touches the device
@@ -110,8 +128,12 @@ class Build:
         return self._future.done()
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until the build is done (or ``timeout`` seconds); returns whether it is."""
-        concurrent.futures.wait([self._future], timeout)
+        """Start the build if no chunk did yet, and block until it is done (or ``timeout``
+        seconds); returns whether it is."""
+        self.start()
+        with self._start_lock:
+            future = self._future
+        concurrent.futures.wait([future], timeout)
         return self._future.done()
 
     def error(self) -> BaseException | None:
@@ -123,7 +145,7 @@ class Build:
 
     def times(self) -> dict[str, float | None]:
         """Seconds it waited for the worker (``queued_s``) and ran (``build_s``); None until known."""
-        queued = None if self.started is None else round(self.started - self.submitted, 3)
+        queued = None if self.started is None or self.submitted is None else round(self.started - self.submitted, 3)
         ran = None if self.finished is None or self.started is None else round(self.finished - self.started, 3)
         return {"queued_s": queued, "build_s": ran}
 
@@ -143,6 +165,12 @@ class PendingSession(Session):
         self._eager_reason: str | None = WAITING  # None once the programs may run
         self._taken_at_step: int | None = None
         self._entry_failures: dict[int, str] = {}  # entry -> why its capture failed (eager from then on)
+
+    def step(self, inputs: Mapping[str, torch.Tensor], **flags: Any) -> dict[str, torch.Tensor]:
+        try:
+            return super().step(inputs, **flags)
+        finally:  # the first chunk is out (or refused): the build may share the interpreter now
+            self.build.start()
 
     def _before_step(self) -> None:
         if self._eager_reason != WAITING or not self.build.done():

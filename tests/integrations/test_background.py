@@ -76,12 +76,15 @@ def test_a_new_length_streams_eagerly_until_its_build_lands_then_runs_its_progra
     t2w.opt.set_stream_cache(*prompt)  # returns with the build waiting at the gate
     assert isinstance(t2w.opt.session, PendingSession)
     build = t2w.opt.session.build
+    assert build.submitted is None  # the set-up and the first chunk run without a build beside them
+    chunks = s2.synthetic_chunks(5, seed=37, final_tokens=11)  # warm-up, growth, trim, steady, flush
+    before = _compare(t2w, chunks[:1], seed=371)
+    assert build.submitted is not None  # the first chunk is out: the build started
     while build.started is None:  # the worker holds it at the gate, inside the build
         time.sleep(0.01)
     assert sys.getswitchinterval() == pytest.approx(pending.SWITCH_INTERVAL_S)  # the stream's ops wait less
-    chunks = s2.synthetic_chunks(5, seed=37, final_tokens=11)  # warm-up, growth, trim, steady, flush
-    before = _compare(t2w, chunks[:2], seed=371)
-    assert [c["route"] for c in before["per_chunk"]] == [EAGER] * 2
+    second = _compare(t2w, chunks[1:2], seed=370)
+    assert [c["route"] for c in before["per_chunk"] + second["per_chunk"]] == [EAGER] * 2
     assert t2w.opt.stats()["fallbacks"] == {WAITING: 2}
     assert t2w.opt.stats()["background"]["taken"] is False
 
