@@ -267,7 +267,9 @@ def _variant_builder(adapter: StreamingAdapter, plan: Plan, rules: Rules, progra
         if key.entry is not None and programs is not None and adapter.symbolic_dims():
             gm = specialized_entry(adapter, lambda d: build_plan(adapter, d), plan, plan.catalog[key.entry],
                                    by_region, programs, setup, say, example_inputs=example, flags=flags)
-        with forked_rng(devices, f"the off-catalog chunk {key.label()}"):
+        fence = nullcontext() if gm is not None and in_background() else \
+            forked_rng(devices, f"tracing the off-catalog chunk {key.label()}")
+        with fence:  # as in _compile: a specialized graph's passes run nothing for real
             if gm is None:
                 say(f"tracing the off-catalog chunk {key.label()} at its exact shapes")
                 step = adapter.bind(buffer_bindings(adapter.declaration, scratch))

@@ -60,8 +60,8 @@ class DropIn:
                  max_specializations: int = DEFAULT_MAX_ENTRIES, max_specialization_bytes: int = DEFAULT_MAX_BYTES,
                  max_executables: int = DEFAULT_MAX_EXECUTABLES, background: bool = False):
         self.rules = check_rules(rules, device)  # as given ("S", "SRc", ...): reports print it
-        #: build a new stream configuration on a worker thread while its stream runs eagerly
-        #: (``_executable_or_build``, ``runtime.pending``)
+        #: build a new stream configuration, and off-catalog programs, on a worker thread while
+        #: the stream runs eagerly (``_executable_or_build``, ``runtime.pending``, ``runtime.variants``)
         self.background = check_background(background)
         check_policy(off_catalog, max_specializations, max_specialization_bytes)
         self.max_executables = check_max_executables(max_executables)
@@ -108,6 +108,8 @@ class DropIn:
         return exe
 
     def _keep(self, key: Hashable, exe) -> None:
+        if exe.variants is not None:  # its off-catalog programs build where the configuration's would
+            exe.variants.background = self._submit if self.background else None
         self._executables[key] = exe
         self._executables.move_to_end(key)
         while len(self._executables) > self.max_executables:
@@ -134,10 +136,15 @@ class DropIn:
             return None, build
         return self._executable(key, adapter), None
 
+    def _submit(self, label: str, run: Callable[[], Any]) -> Build:
+        """A ``Build`` of ``run`` on this drop-in's worker thread (one at a time), not started yet."""
+        with self._exe_lock:
+            if self._worker is None:
+                self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cadence-fx-build")
+            return Build(label, run, self._worker)
+
     def _start_build(self, key: Hashable, adapter: StreamingAdapter) -> Build:
-        """(Holding ``_lock``.)  Compile ``key``'s executable on the worker thread."""
-        if self._worker is None:
-            self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cadence-fx-build")
+        """(Holding ``_exe_lock``.)  Compile ``key``'s executable on the worker thread."""
         policy, most, most_bytes = self.off_catalog
 
         def run():
@@ -153,7 +160,7 @@ class DropIn:
                 self._builds.pop(key, None)
             return exe
 
-        build = Build(str(key), run, self._worker)
+        build = self._submit(str(key), run)
         self._builds[key] = build
         return build
 
@@ -162,7 +169,8 @@ class DropIn:
         seconds passed); returns whether they are.  Streams take a finished build at
         their next chunk; nothing needs this but a caller that wants them ready."""
         with self._exe_lock:
-            builds = list(self._builds.values())
+            builds = list(self._builds.values()) + [h for exe in self._executables.values()
+                                                    if exe.variants is not None for h in exe.variants.pending()]
         deadline = None if timeout is None else time.monotonic() + timeout
         return all(b.wait(None if deadline is None else max(0.0, deadline - time.monotonic())) for b in builds)
 
@@ -181,9 +189,14 @@ class DropIn:
                 exe.variants.configure(policy, most, most_bytes)
 
     def set_background(self, on: bool) -> None:
-        """From now on, build a new stream configuration on the worker thread while its
-        stream runs eagerly (``True``), or at its set-up (``False``); builds running go on."""
+        """From now on, build a new stream configuration (and an off-catalog chunk's program)
+        on the worker thread while its stream runs eagerly (``True``), or at its set-up (on
+        the chunk) (``False``); builds running go on."""
         self.background = check_background(on)
+        with self._exe_lock:
+            for exe in self._executables.values():
+                if exe.variants is not None:
+                    exe.variants.background = self._submit if on else None
 
     def _replace_session(self, session) -> None:
         """``session`` becomes the default stream; the one it replaces is closed (after the

@@ -21,8 +21,13 @@ nothing is built: every such chunk runs the eager path, as before.
 
 The build runs on the calling stream's thread, before the chunk: the first chunk of a
 new shape waits for it (seconds; ``stats()["variants"]["build_s"]``), later chunks of
-that shape run the program.  Under rules SR/SRc each session captures a variant's
-graphs on its own arena the first time it runs it.
+that shape run the program.  With ``background`` set (a drop-in built with
+``background=True`` sets it: ``runtime.pending``) the build goes to the drop-in's worker
+thread instead and the chunk runs the exact eager path (``BUILDING``); a later chunk of
+that shape takes the program once it is done.  A background build that needs the
+foreground (``NeedsForeground``: a first trace) is not a refusal: the next chunk of that
+shape builds it on the calling thread, as without ``background``.  Under rules SR/SRc each session captures a
+variant's graphs on its own arena the first time it runs it.
 """
 
 from __future__ import annotations
@@ -35,7 +40,11 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from ..errors import CadenceError
+from ..errors import CadenceError, NeedsForeground
+
+#: the reason of an off-catalog chunk that ran eagerly while its program builds in the background
+BUILDING = "its program is building in the background"
+_FOREGROUND = object()  # a background build that needs the calling thread: build it there now
 
 #: what an off-catalog chunk does: built and run by its own program, or run eagerly
 POLICIES = ("specialize", "eager")
@@ -123,6 +132,11 @@ class Variants:
         self.built = 0
         self.evicted = 0
         self.build_s = 0.0  # every build, held or evicted since
+        #: ``submit(label, fn) -> handle`` (done(), error(), result(), start()): builds go to a
+        #: worker thread; None: built on the calling thread (see the module docstring)
+        self.background: Callable[[str, Callable[[], tuple]], Any] | None = None
+        self._pending: dict[VariantKey, tuple[Any, float]] = {}  # key -> (handle, submitted at)
+        self._foreground_only: dict[VariantKey, str] = {}  # key -> why its background build could not run
 
     def get(self, key: VariantKey, inputs: Mapping[str, torch.Tensor]) -> tuple[Any | None, str | None]:
         """``(program, None)``, built now if need be, or ``(None, why not)``."""
@@ -135,6 +149,11 @@ class Variants:
                 return hit.program, None
             if key in self._refused:
                 return None, self._refused[key]
+            background = self.background if key not in self._foreground_only else None
+            if background is not None or key in self._pending:
+                got = self._in_background(key, inputs, background)
+                if got is not _FOREGROUND:
+                    return got
         if not self._building.acquire(blocking=False):
             return None, "another session is building a specialization"
         try:
@@ -163,6 +182,48 @@ class Variants:
             return program, None
         finally:
             self._building.release()
+
+    def _in_background(self, key: VariantKey, inputs: Mapping[str, torch.Tensor], submit):
+        """(Holding ``_lock``.)  ``key``'s program if its background build is done (taken into
+        the table now), else ``(None, why)``: a build submitted now, or still running; or
+        ``_FOREGROUND`` where the build needed the calling thread (the caller builds it now)."""
+        pending = self._pending.get(key)
+        if pending is None:
+            copies = {n: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
+                      for n, t in inputs.items()}  # the caller may reuse its tensors
+            handle = submit(key.label(), lambda: self._build(key, copies))
+            handle.start()
+            self._pending[key] = (handle, time.perf_counter())
+            return None, BUILDING
+        handle, t0 = pending
+        if not handle.done():
+            return None, BUILDING
+        del self._pending[key]
+        error = handle.error()
+        if isinstance(error, NeedsForeground):  # e.g. a first trace: built here, on this chunk
+            self._foreground_only[key] = str(error)
+            return _FOREGROUND
+        if error is not None:
+            why = str(error) if isinstance(error, VariantRefused) else f"{type(error).__name__}: {error}"
+            self._refused[key] = why
+            return None, why
+        program, nbytes, how = handle.result()
+        times = handle.times() if hasattr(handle, "times") else {}
+        built = _Built(program, int(nbytes), float(times.get("build_s") or 0.0), f"{how}, in the background")
+        self._held[key] = built
+        self.built += 1
+        self.build_s += built.build_s
+        self._evict()
+        if key not in self._held:
+            why = f"its program holds {nbytes} bytes of constants, over max_bytes={self.max_bytes}"
+            self._refused[key] = why
+            return None, why
+        return program, None
+
+    def pending(self) -> list:
+        """The handles of the background builds not taken yet (``DropIn.wait_for_builds``)."""
+        with self._lock:
+            return [h for h, _ in self._pending.values()]
 
     def configure(self, policy: str, max_entries: int, max_bytes: int) -> None:
         """Another policy or bounds from now on (held programs past the new bounds go, oldest first)."""
@@ -194,6 +255,8 @@ class Variants:
                 "bytes": self.nbytes, "built": self.built, "build_s": round(self.build_s, 3),
                 "evicted": self.evicted,
                 "refused": {k.label(): why for k, why in self._refused.items()},
+                "building": [k.label() for k in self._pending],
+                "foreground_only": {k.label(): why for k, why in self._foreground_only.items()},
             }
 
     def describe(self) -> list[str]:

@@ -37,13 +37,16 @@ FLUSH = "fallback: flags last_chunk outside the catalog (eager)"
 
 
 @pytest.fixture
-def background(t2w, monkeypatch):
-    """The shared model with its symbolic steps traced and ``background`` on (off again after)."""
+def background(t2w):
+    """The shared model with its symbolic steps traced and ``background`` on (off again after,
+    on every executable it holds)."""
     if not len(t2w.opt.programs):
         prompt = s2.synthetic_prompt(5, seed=1)  # the length other files use
         t2w.opt.set_stream_cache(*prompt)
-    monkeypatch.setattr(t2w.opt, "background", True)
-    return t2w
+    t2w.opt.set_background(True)
+    yield t2w
+    assert t2w.opt.wait_for_builds(300)
+    t2w.opt.set_background(False)
 
 
 @pytest.fixture
@@ -169,6 +172,38 @@ def test_a_build_that_would_draw_random_numbers_is_refused_and_its_stream_stays_
     assert not isinstance(t2w.opt.session, PendingSession)
     again = _compare(t2w, s2.synthetic_chunks(1, seed=48), seed=481)
     assert [c["route"] for c in again["per_chunk"]] == ["graph entry 0"]
+
+
+def test_an_off_catalog_chunk_builds_its_program_in_the_background(background):
+    """Under ``off_catalog="specialize"`` a window's program is built on the worker while
+    that chunk (and the ones keyed after it) run eagerly; the next turn's window runs it."""
+    t2w = background
+    policy = t2w.opt.off_catalog
+    t2w.opt.set_background(False)
+    prompt = s2.synthetic_prompt(53, seed=53)
+    session = t2w.opt.open_session(*prompt)  # compiled at set-up: this test is about the window
+    t2w.opt.set_off_catalog("specialize")
+    t2w.opt.set_background(True)  # for the executables held too
+    try:
+        window = (s2.synthetic_chunks(1, seed=54)[0][0][:14], False)  # 11 new tokens + 3 lookahead
+        turn = s2.synthetic_chunks(3, seed=53) + [window, (s2.synthetic_chunks(1, seed=55)[0][0][:7], True)]
+        t2w.tail.set_stream_cache(*prompt)
+        first = compare_streams(t2w.tail, session, turn, CPU, seed=531)
+        assert first["exact"], first["mismatches"]
+        routes = [c["route"] for c in first["per_chunk"]]
+        assert routes[:3] == ["graph entry 0", "graph entry 1", "graph entry 2"], routes
+        assert routes[3].startswith("fallback:") and "building in the background" in routes[3], routes
+        assert t2w.opt.wait_for_builds(300)
+        session.reset()
+        t2w.tail.set_stream_cache(*prompt)
+        second = compare_streams(t2w.tail, session, turn, CPU, seed=532)
+        assert second["exact"], second["mismatches"]
+        assert second["pcm_sha256_stock"] == second["pcm_sha256_optimized"]
+        routes = [c["route"] for c in second["per_chunk"]]
+        assert routes[3].startswith("graph specialization"), routes  # built in the background, or here
+    finally:
+        session.close()
+        t2w.opt.set_off_catalog(*policy)
 
 
 def test_the_first_length_and_rules_without_an_arena_build_in_the_foreground(t2w):

@@ -235,6 +235,53 @@ def test_one_build_at_a_time_and_a_second_session_runs_eagerly_meanwhile():
     assert v.stats()["built"] == 1
 
 
+def test_in_the_background_a_build_runs_on_the_worker_and_a_later_chunk_takes_it():
+    """``background`` set: a new key's chunk runs eagerly (``BUILDING``) while the worker
+    builds it on its own copy of the inputs; a later chunk of that key takes the program.
+    A build that needs the foreground (a first trace) is built on the next such chunk, on
+    the calling thread; any other failure is kept as the reason."""
+    import concurrent.futures
+
+    from cadence_fx.errors import NeedsForeground
+    from cadence_fx.runtime.pending import Build
+    from cadence_fx.runtime.variants import BUILDING
+
+    threads, seen = [], []
+
+    def build(key, inputs):
+        threads.append(threading.current_thread().name)
+        seen.append(inputs["x"].clone())
+        if key == _key(3) and threading.current_thread().name.startswith("worker"):
+            raise NeedsForeground("a symbolic trace runs the step for real")
+        if key == _key(4):
+            raise RuntimeError("no kernel for this shape")
+        return f"program {key.label()}", 10, "specialized"
+
+    worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="worker")
+    v = Variants(build, "specialize")
+    v.background = lambda label, run: Build(label, run, worker)
+    x = torch.zeros(3)
+    assert v.get(_key(2), {"x": x}) == (None, BUILDING)
+    x.fill_(7.0)  # the caller reuses its tensor: the build has its own copy
+    assert v.get(_key(2), {"x": x}) in ((None, BUILDING), ("program entry 2 | x (1, 4, 2)", None))
+    assert v.pending() and all(h.wait(10) for h in v.pending())
+    assert v.get(_key(2), {"x": x}) == ("program entry 2 | x (1, 4, 2)", None)
+    assert torch.equal(seen[0], torch.zeros(3)) and threads == ["worker_0"]
+    assert v.stats()["held"][_key(2).label()]["how"] == "specialized, in the background"
+
+    assert v.get(_key(3), {"x": x}) == (None, BUILDING)
+    assert all(h.wait(10) for h in v.pending())
+    assert v.get(_key(3), {"x": x}) == ("program entry 2 | x (1, 4, 3)", None)  # built here, now
+    assert threads[-1] == threading.current_thread().name
+    assert _key(3).label() in v.stats()["foreground_only"]
+
+    assert v.get(_key(4), {"x": x}) == (None, BUILDING)
+    assert all(h.wait(10) for h in v.pending())
+    assert v.get(_key(4), {"x": x}) == (None, "RuntimeError: no kernel for this shape")
+    assert v.get(_key(4), {"x": x}) == (None, "RuntimeError: no kernel for this shape")  # not built again
+    worker.shutdown()
+
+
 def test_a_failed_build_is_kept_as_the_reason_and_configure_bounds_evict():
     calls = []
 
