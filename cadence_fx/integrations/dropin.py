@@ -76,6 +76,7 @@ class DropIn:
         #: configurations whose background build failed, with why: their next set-up builds here
         self.foreground_only: dict[Hashable, str] = {}
         self._worker: concurrent.futures.ThreadPoolExecutor | None = None
+        self._worker_lock = threading.Lock()  # creating the worker (a leaf: nothing is taken inside)
         self._exe_lock = threading.RLock()  # the two dicts above and _executables, shared with the worker
         #: symbolic steps shared by every stream configuration of this model (one trace
         #: per catalog entry serves every prompt length: see ``compile_executable``), read
@@ -137,8 +138,9 @@ class DropIn:
         return self._executable(key, adapter), None
 
     def _submit(self, label: str, run: Callable[[], Any]) -> Build:
-        """A ``Build`` of ``run`` on this drop-in's worker thread (one at a time), not started yet."""
-        with self._exe_lock:
+        """A ``Build`` of ``run`` on this drop-in's worker thread (one at a time), not started yet.
+        Takes only ``_worker_lock`` (a leaf): ``Variants`` calls it holding its own lock."""
+        with self._worker_lock:
             if self._worker is None:
                 self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cadence-fx-build")
             return Build(label, run, self._worker)
@@ -165,12 +167,13 @@ class DropIn:
         return build
 
     def wait_for_builds(self, timeout: float | None = None) -> bool:
-        """Block until every background build running now is done (or ``timeout``
-        seconds passed); returns whether they are.  Streams take a finished build at
-        their next chunk; nothing needs this but a caller that wants them ready."""
+        """Block until every background build held now (a configuration's, started here if
+        no chunk started it yet, and every off-catalog program's) is done, or ``timeout``
+        seconds passed; returns whether they are.  Streams take a finished build at their
+        next chunk; nothing needs this but a caller that wants them ready."""
         with self._exe_lock:
-            builds = list(self._builds.values()) + [h for exe in self._executables.values()
-                                                    if exe.variants is not None for h in exe.variants.pending()]
+            builds, exes = list(self._builds.values()), list(self._executables.values())
+        builds += [h for exe in exes if exe.variants is not None for h in exe.variants.pending()]  # their own locks
         deadline = None if timeout is None else time.monotonic() + timeout
         return all(b.wait(None if deadline is None else max(0.0, deadline - time.monotonic())) for b in builds)
 
