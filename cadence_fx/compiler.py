@@ -45,7 +45,7 @@ from . import step as meta
 from .plan import CatalogEntry, Plan, TensorSpec, make_plan
 from .programs import ProgramStore
 from .programs.entry import specialized_entry
-from .runtime.arena import Arena
+from .runtime.arena import Arena, copy_strided
 from .runtime.counters import COMPILE_KEYS
 from .runtime.graphs import CapturedRegion
 from .runtime.pending import Build, PendingSession
@@ -200,11 +200,7 @@ def _compile(adapter: StreamingAdapter, rules: "str | Rules",
         if rules.stable_state and programs is not None and adapter.symbolic_dims():
             gm = specialized_entry(adapter, lambda d: build_plan(adapter, d), plan, entry, by_region, programs,
                                    setup, say)
-        # a specialized graph's passes run nothing for real (a background build runs them
-        # unforked: ``foreground``); tracing does, so it forks the generators
-        fence = nullcontext() if gm is not None and in_background() else \
-            forked_rng(devices, f"tracing catalog entry {entry.index + 1}")
-        with fence:
+        with _generators_fenced(gm is not None, devices, f"tracing catalog entry {entry.index + 1}"):
             for attempt in range(3):
                 if gm is not None:
                     break
@@ -259,7 +255,7 @@ def _variant_builder(adapter: StreamingAdapter, plan: Plan, rules: Rules, progra
     def build(key: VariantKey, inputs: dict[str, torch.Tensor]):
         flags = key.flag_values
         entry = variant_entry(plan, key)
-        example = {n: _copy_strided(inputs[n]) for n in sig.inputs}
+        example = {n: copy_strided(inputs[n]) for n in sig.inputs}
         scratch = Arena(plan.layout, device)
         by_region = region_buffers(adapter.declaration, scratch)
         setup = {"how": "traced", "trace_s": 0.0, "specialize_s": 0.0}
@@ -267,9 +263,7 @@ def _variant_builder(adapter: StreamingAdapter, plan: Plan, rules: Rules, progra
         if key.entry is not None and programs is not None and adapter.symbolic_dims():
             gm = specialized_entry(adapter, lambda d: build_plan(adapter, d), plan, plan.catalog[key.entry],
                                    by_region, programs, setup, say, example_inputs=example, flags=flags)
-        fence = nullcontext() if gm is not None and in_background() else \
-            forked_rng(devices, f"tracing the off-catalog chunk {key.label()}")
-        with fence:  # as in _compile: a specialized graph's passes run nothing for real
+        with _generators_fenced(gm is not None, devices, f"tracing the off-catalog chunk {key.label()}"):
             if gm is None:
                 say(f"tracing the off-catalog chunk {key.label()} at its exact shapes")
                 step = adapter.bind(buffer_bindings(adapter.declaration, scratch))
@@ -348,10 +342,11 @@ def own_bytes(gm: fx.GraphModule, adapter: StreamingAdapter) -> int:
     return total
 
 
-def _copy_strided(t: torch.Tensor) -> torch.Tensor:
-    """A copy with ``t``'s strides (a program is exact for the layout it was traced at)."""
-    out = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=t.device)
-    return out.copy_(t)
+def _generators_fenced(specialized: bool, devices: list, what: str):
+    """Where the compile may trace (run the step for real): the global generators forked
+    (``foreground.forked_rng``: ``NeedsForeground`` in a background build).  A specialized
+    graph's passes run nothing for real, so a background build runs them unforked."""
+    return nullcontext() if specialized and in_background() else forked_rng(devices, what)
 
 
 def check_signature(declaration: Declaration, sig: meta.StepSignature, plan: Plan) -> None:

@@ -13,6 +13,12 @@ from ..errors import CadenceError
 from ..plan import ArenaLayout
 
 
+def copy_strided(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` with its strides (a program is exact for the layout it was traced at,
+    and the eager path sees the layouts it would see on the arena: the same kernels run)."""
+    return torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=t.device).copy_(t)
+
+
 class ArenaMoved(CadenceError, RuntimeError):
     """A region's data pointer changed: something replaced arena memory."""
 

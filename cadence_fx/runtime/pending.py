@@ -204,24 +204,16 @@ class PendingSession(Session):
             return self._capture_entry(entry.index, inputs) if free else device_work.DEFERRED
 
     def _capture_entry(self, index: int, inputs: Mapping[str, torch.Tensor]) -> str | None:
-        """Capture entry ``index``'s graphs on this arena now (the live state saved and put back)."""
-        from .graphs import GraphRng, capture_variant
+        """Capture entry ``index``'s graphs on this arena now (the live state saved and put back),
+        on this session's own capture stream: its first capture warms that stream up."""
         t0 = time.perf_counter()
-        device = self._expect_device
-        warm = self._capture_stream is None  # this session's first capture warms its stream up
-        if self._pool is None:
-            self._pool, self._rng = torch.cuda.graph_pool_handle(), GraphRng.for_device(device)
-        if self._capture_stream is None:
-            self._capture_stream = torch.cuda.Stream(device)
+        warm = self._capture_stream is None
+        if warm:
+            self._capture_stream = torch.cuda.Stream(self._expect_device)
         program = self.executable.programs[index]
-        saved = {r: t.clone() for r, t in self._live_state().items()}
-        extents = dict(self.extents)
-        args = [inputs[n] for n in self.executable.inputs] + self._capture_state_args(program)
         try:
-            parent, failed, error = capture_variant(program.run, args, self._pool, self._bound_storage(),
-                                                    self._capture_stream, device, self._rng, warm_up=warm)
-        finally:  # capture ran the step on the arena: put the live state back (a failure here breaks it)
-            self._write_state(saved, extents)
+            parent, failed, error = self._capture_mid_stream(program, inputs, warm_up=warm)
+        finally:
             self._stats.setup.capture_s += time.perf_counter() - t0
         if error is not None:  # never a crash mid-stream: this entry runs eagerly in this session
             self.capture_failures[index] = {"*": error}

@@ -34,7 +34,7 @@ from ..errors import CadenceError, InputError, SessionBroken, SessionBusy, Sessi
 from ..plan import CatalogEntry, Plan, TensorSpec
 from ..step import Rules
 from . import collector, device_work
-from .arena import Arena
+from .arena import Arena, copy_strided
 from .counters import SessionStats, SetupTimes
 from .gate import AdmissionGate, input_mismatch
 from .snapshot import SessionSnapshot
@@ -378,21 +378,27 @@ class Session:
         with device_work.try_held() as free:  # mid-stream: never wait for a background build
             return self._capture_variant(key, program, inputs) if free else (None, device_work.DEFERRED)
 
-    def _capture_variant(self, key: VariantKey, program: EntryProgram,
-                         inputs: Mapping[str, torch.Tensor]) -> tuple[EntryProgram | None, str | None]:
-        from .graphs import capture_variant
-        t0 = time.perf_counter()
+    def _capture_mid_stream(self, program: EntryProgram, inputs: Mapping[str, torch.Tensor],
+                            warm_up: bool | None = None) -> tuple[Any, dict[str, str], str | None]:
+        """``graphs.capture_variant`` of ``program`` on this session's arena now, between two
+        chunks (the live state copied out first and written back after: capture runs the
+        step), into this session's pool with its generator state: ``(parent, failed, error)``."""
+        from .graphs import GraphRng, capture_variant
         saved = {r: t.clone() for r, t in self._live_state().items()}
         extents = dict(self.extents)
         args = [inputs[n] for n in self.executable.inputs] + self._capture_state_args(program)
         if self._pool is None and self._expect_device.type == "cuda":
-            from .graphs import GraphRng
             self._pool, self._rng = torch.cuda.graph_pool_handle(), GraphRng.for_device(self._expect_device)
         try:
-            parent, failed, error = capture_variant(program.run, args, self._pool, self._bound_storage(),
-                                                    self._capture_stream, self._expect_device, self._rng)
+            return capture_variant(program.run, args, self._pool, self._bound_storage(), self._capture_stream,
+                                   self._expect_device, self._rng, warm_up=warm_up)
         finally:  # capture ran the step on the arena: put the live state back (a failure here breaks it)
             self._write_state(saved, extents)
+
+    def _capture_variant(self, key: VariantKey, program: EntryProgram,
+                         inputs: Mapping[str, torch.Tensor]) -> tuple[EntryProgram | None, str | None]:
+        t0 = time.perf_counter()
+        parent, failed, error = self._capture_mid_stream(program, inputs)
         if error is not None:  # never a crash mid-stream: this key runs eagerly in this session
             self.capture_failures[key.label()] = {"*": error}
             self._variant_programs[key] = error
@@ -450,11 +456,7 @@ class Session:
     def _private_state(self) -> dict[str, torch.Tensor]:
         """Copies of the live views with their strides (the fallback sees the layouts it
         would see on the arena, so the same kernels run)."""
-        out = {}
-        for r, view in self._live_state().items():
-            out[r] = torch.empty_strided(view.shape, view.stride(), dtype=view.dtype, device=view.device)
-            out[r].copy_(view)
-        return out
+        return {r: copy_strided(view) for r, view in self._live_state().items()}
 
     def _admit(self, entry: CatalogEntry, inputs: Mapping[str, torch.Tensor]) -> str | None:
         return self.gate.check(entry, inputs, self.extents)

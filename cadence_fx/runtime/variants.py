@@ -41,6 +41,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from ..errors import CadenceError, NeedsForeground
+from .arena import copy_strided
 
 #: the reason of an off-catalog chunk that ran eagerly while its program builds in the background
 BUILDING = "its program is building in the background"
@@ -132,10 +133,11 @@ class Variants:
         self.built = 0
         self.evicted = 0
         self.build_s = 0.0  # every build, held or evicted since
-        #: ``submit(label, fn) -> handle`` (done(), error(), result(), start()): builds go to a
-        #: worker thread; None: built on the calling thread (see the module docstring)
+        #: ``submit(label, fn) -> handle`` (start(), done(), wait(), error(), result(), times():
+        #: ``runtime.pending.Build``): builds go to a worker thread; None: built on the calling
+        #: thread (see the module docstring)
         self.background: Callable[[str, Callable[[], tuple]], Any] | None = None
-        self._pending: dict[VariantKey, tuple[Any, float]] = {}  # key -> (handle, submitted at)
+        self._pending: dict[VariantKey, Any] = {}  # key -> its build's handle
         self._foreground_only: dict[VariantKey, str] = {}  # key -> why its background build could not run
 
     def get(self, key: VariantKey, inputs: Mapping[str, torch.Tensor]) -> tuple[Any | None, str | None]:
@@ -164,38 +166,44 @@ class Variants:
             try:
                 program, nbytes, how = self._build(key, inputs)
             except Exception as e:  # the reason is kept; the chunk runs eagerly, exact
-                why = str(e) if isinstance(e, VariantRefused) else f"{type(e).__name__}: {e}"
                 with self._lock:
-                    self._refused[key] = why
-                return None, why
-            built = _Built(program, int(nbytes), round(time.perf_counter() - t0, 3), how)
+                    return self._refuse(key, e)
             with self._lock:
-                self._held[key] = built
-                self.built += 1
-                self.build_s += built.build_s
-                self._evict()
-                kept = key in self._held
-                if not kept:  # larger than the whole budget: never held, so never built again
-                    why = f"its program holds {nbytes} bytes of constants, over max_bytes={self.max_bytes}"
-                    self._refused[key] = why
-                    return None, why
-            return program, None
+                return self._take(key, _Built(program, int(nbytes), round(time.perf_counter() - t0, 3), how))
         finally:
             self._building.release()
+
+    def _refuse(self, key: VariantKey, error: BaseException) -> tuple[None, str]:
+        """(Holding ``_lock``.)  ``key`` runs eagerly from now on, ``error`` its reason."""
+        why = str(error) if isinstance(error, VariantRefused) else f"{type(error).__name__}: {error}"
+        self._refused[key] = why
+        return None, why
+
+    def _take(self, key: VariantKey, built: _Built) -> tuple[Any | None, str | None]:
+        """(Holding ``_lock``.)  A built program into the table: ``(program, None)``, or
+        ``(None, why)`` where it is larger than the whole byte budget (never held, so never
+        built again)."""
+        self._held[key] = built
+        self.built += 1
+        self.build_s += built.build_s
+        self._evict()
+        if key not in self._held:
+            why = f"its program holds {built.nbytes} bytes of constants, over max_bytes={self.max_bytes}"
+            self._refused[key] = why
+            return None, why
+        return built.program, None
 
     def _in_background(self, key: VariantKey, inputs: Mapping[str, torch.Tensor], submit):
         """(Holding ``_lock``.)  ``key``'s program if its background build is done (taken into
         the table now), else ``(None, why)``: a build submitted now, or still running; or
         ``_FOREGROUND`` where the build needed the calling thread (the caller builds it now)."""
-        pending = self._pending.get(key)
-        if pending is None:
-            copies = {n: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
-                      for n, t in inputs.items()}  # the caller may reuse its tensors
+        handle = self._pending.get(key)
+        if handle is None:
+            copies = {n: copy_strided(t) for n, t in inputs.items()}  # the caller may reuse its tensors
             handle = submit(key.label(), lambda: self._build(key, copies))
             handle.start()
-            self._pending[key] = (handle, time.perf_counter())
+            self._pending[key] = handle
             return None, BUILDING
-        handle, t0 = pending
         if not handle.done():
             return None, BUILDING
         del self._pending[key]
@@ -204,26 +212,15 @@ class Variants:
             self._foreground_only[key] = str(error)
             return _FOREGROUND
         if error is not None:
-            why = str(error) if isinstance(error, VariantRefused) else f"{type(error).__name__}: {error}"
-            self._refused[key] = why
-            return None, why
+            return self._refuse(key, error)
         program, nbytes, how = handle.result()
-        times = handle.times() if hasattr(handle, "times") else {}
-        built = _Built(program, int(nbytes), float(times.get("build_s") or 0.0), f"{how}, in the background")
-        self._held[key] = built
-        self.built += 1
-        self.build_s += built.build_s
-        self._evict()
-        if key not in self._held:
-            why = f"its program holds {nbytes} bytes of constants, over max_bytes={self.max_bytes}"
-            self._refused[key] = why
-            return None, why
-        return program, None
+        build_s = handle.times()["build_s"] or 0.0
+        return self._take(key, _Built(program, int(nbytes), build_s, f"{how}, in the background"))
 
     def pending(self) -> list:
         """The handles of the background builds not taken yet (``DropIn.wait_for_builds``)."""
         with self._lock:
-            return [h for h, _ in self._pending.values()]
+            return list(self._pending.values())
 
     def configure(self, policy: str, max_entries: int, max_bytes: int) -> None:
         """Another policy or bounds from now on (held programs past the new bounds go, oldest first)."""
