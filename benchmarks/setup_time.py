@@ -106,6 +106,7 @@ def run_cadence(args) -> dict:
             profile.disable()
             text = io.StringIO()
             pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(60)
+            pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(40)  # the leaves
             Path(args.profile).write_text(text.getvalue())
         exe = opt.session.executable
         tail.set_stream_cache(*prompt)
