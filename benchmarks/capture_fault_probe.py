@@ -13,6 +13,10 @@ collects garbage, allocates, frees, synchronizes and captures again:
 - ``invalidated_end``: the same, then ``torch._C._cuda_endAllocateToPool`` on the pool;
 - ``invalidated_rng``: the same invalidation inside ``GraphRng.capturing()`` (what a
   session's capture does): is the default generator usable after, and the session's own?
+  (On 2.11 the next capture into the pool fails: ``beginAllocateToPool: already
+  recording to mempool_id``.)
+- ``invalidated_rng_end``: the same, then ``torch._C._cuda_endAllocateToPool`` on the
+  pool: does that let the pool take captures again?
 - ``warmup_tests``: ``tests/runtime/test_capture_warmup.py`` three times in one process,
   garbage collected between, then ``tests/runtime/test_replay_cuda.py``.
 
@@ -28,7 +32,7 @@ import subprocess
 import sys
 import time
 
-CASES = ("raise", "invalidated", "invalidated_end", "invalidated_rng", "warmup_tests")
+CASES = ("raise", "invalidated", "invalidated_end", "invalidated_rng", "invalidated_rng_end", "warmup_tests")
 
 
 def _after(torch, pool, stream) -> None:
@@ -71,7 +75,7 @@ def case(name: str) -> None:
         print(json.dumps({"pytest_rcs": rcs}))
         return
     from cadence_fx.runtime.graphs import GraphRng, _release_generator
-    rng = GraphRng.for_device(torch.device("cuda")) if name == "invalidated_rng" else None
+    rng = GraphRng.for_device(torch.device("cuda")) if name.startswith("invalidated_rng") else None
     pool = torch.cuda.graph_pool_handle()
     stream = torch.cuda.Stream()
     x = torch.randn(1024, device="cuda")
@@ -89,7 +93,7 @@ def case(name: str) -> None:
                 torch.cuda.synchronize()  # invalidates the capture
     except Exception as e:  # noqa: BLE001
         error = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-        if name == "invalidated_end":
+        if name.endswith("_end"):
             try:
                 torch._C._cuda_endAllocateToPool(dev, pool)
                 error += " | endAllocateToPool: ok"

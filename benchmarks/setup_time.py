@@ -108,6 +108,7 @@ def run_cadence(args) -> dict:
             pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(60)
             pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(40)  # the leaves
             Path(args.profile).write_text(text.getvalue())
+            profile.dump_stats(args.profile + ".prof")  # the raw profile: callers and callees, read anywhere
         exe = opt.session.executable
         tail.set_stream_cache(*prompt)
         chunks = s2.synthetic_chunks(args.chunks, seed=tokens, final_tokens=11)
