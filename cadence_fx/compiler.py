@@ -145,7 +145,8 @@ def compile_executable(adapter: StreamingAdapter, rules: "str | Rules" = "S",
                        progress: Callable[[str], None] | None = None,
                        programs: ProgramStore | None = None, off_catalog: str = DEFAULT_POLICY,
                        max_specializations: int = DEFAULT_MAX_ENTRIES,
-                       max_specialization_bytes: int = DEFAULT_MAX_BYTES) -> Executable:
+                       max_specialization_bytes: int = DEFAULT_MAX_BYTES,
+                       on_entry: Callable[[int, EntryProgram], None] | None = None) -> Executable:
     """Trace, rewrite and lower every catalog entry of ``adapter``'s plan.
 
     ``programs``: the model's ``ProgramStore``.  With one, and an adapter with
@@ -160,18 +161,24 @@ def compile_executable(adapter: StreamingAdapter, rules: "str | Rules" = "S",
     path, counted; ``"specialize"`` builds it a program on first use (``runtime.variants``:
     at most ``max_specializations`` programs and ``max_specialization_bytes`` of their
     constants per executable, least recently used out first).
+
+    ``on_entry(index, program)``: called as each entry's program is done, before the
+    executable is (a background build hands them to a stream that is already running:
+    ``runtime.pending``).  With it, the steady entry (the catalog's last: every chunk
+    from the third on until a turn's end) is built first, then the others in order.
     """
     device = torch.device(adapter.device)
     check_rules(rules, device)
     check_policy(off_catalog, max_specializations, max_specialization_bytes)
     return _compile(adapter, rules, progress, programs,
-                    (off_catalog, max_specializations, max_specialization_bytes))
+                    (off_catalog, max_specializations, max_specialization_bytes), on_entry)
 
 
 def _compile(adapter: StreamingAdapter, rules: "str | Rules",
              progress: Callable[[str], None] | None = None,
              programs: ProgramStore | None = None,
-             off_catalog: tuple = (DEFAULT_POLICY, DEFAULT_MAX_ENTRIES, DEFAULT_MAX_BYTES)) -> Executable:
+             off_catalog: tuple = (DEFAULT_POLICY, DEFAULT_MAX_ENTRIES, DEFAULT_MAX_BYTES),
+             on_entry: Callable[[int, EntryProgram], None] | None = None) -> Executable:
     """``compile_executable`` without the device check (``rules=""``: stock-state graphs, for tests)."""
     rules = _rules(rules)
     device = torch.device(adapter.device)
@@ -193,7 +200,10 @@ def _compile(adapter: StreamingAdapter, rules: "str | Rules",
     carried = tuple(r for r in sig.regions)
     devices = [device] if device.type == "cuda" else []
     stock_off_axis: dict[str, tuple[tuple[int, ...], str]] = {}  # rules R/Rc: see _stock_state_drift
-    for entry in plan.catalog:
+    order = list(plan.catalog)
+    if on_entry is not None and rules.stable_state:  # the steady entry first (see compile_executable)
+        order = order[-1:] + order[:-1]
+    for entry in order:
         t0 = time.perf_counter()
         setup = {"how": "traced", "trace_s": 0.0, "specialize_s": 0.0}
         gm = None
@@ -234,7 +244,12 @@ def _compile(adapter: StreamingAdapter, rules: "str | Rules",
         kind = "cudagraph" if rules.replays else "graph"
         entries[entry.index] = EntryProgram(entry, gm, meta.arena_inputs(gm), nxt, kind,
                                             None if rules.stable_state else specs)
+        if on_entry is not None:
+            on_entry(entry.index, entries[entry.index])
     del step
+    entries = dict(sorted(entries.items()))  # catalog order, whatever order they were built in
+    for key in ("trace_s", "setup", "rewrite"):
+        notes[key] = dict(sorted(notes[key].items()))
     notes["setup_s"] = _setup_totals(notes["setup"])
     variants = None
     if rules.stable_state:

@@ -150,8 +150,9 @@ class DropIn:
         policy, most, most_bytes = self.off_catalog
 
         def run():
-            try:
-                exe = compile_executable(adapter, self.rules, self.progress, self.programs, policy, most, most_bytes)
+            try:  # each entry's program goes to the streams waiting for it as soon as it is done
+                exe = compile_executable(adapter, self.rules, self.progress, self.programs, policy, most, most_bytes,
+                                         on_entry=build.publish)
             except BaseException as e:
                 with self._exe_lock:
                     self._builds.pop(key, None)

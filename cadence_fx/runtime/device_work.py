@@ -11,6 +11,12 @@ its end, and every capture holds it too.  A capture that is part of a set-up
 live stream (an entry or an off-catalog program captured mid-stream) does not: it
 tries, and if a build holds the lock the chunk runs on the exact eager path and the
 capture is tried again at the next chunk (the reason counted).
+
+A build lets a capture in between its catalog entries: a capture that found the lock
+taken (``try_held``) or waits for it (``held``) marks itself wanted, and the build, at
+the end of each entry (``yield_to_captures``), releases the lock until a capture has
+run (at most ``YIELD_S``): a stream's entry handed over early is captured at one of
+its next chunks, and a set-up waits for one entry of a build, not the whole of it.
 """
 
 from __future__ import annotations
@@ -20,17 +26,55 @@ import threading
 from typing import Iterator
 
 LOCK = threading.RLock()
+_TURN = threading.Condition(LOCK)  # a build waits on it, the lock released, for a capture to run
+_wanted = threading.Event()  # a capture found the lock taken, or waits for it
 
 #: the counted reason of a chunk that ran eagerly because a build held the lock
 DEFERRED = "capture deferred: a background build is running"
+#: the longest a build waits at one of its yield points for a capture that wants the lock
+YIELD_S = 1.0
 
 
 @contextlib.contextmanager
 def try_held() -> Iterator[bool]:
-    """Holds ``LOCK`` for the block if it is free now; yields whether it does."""
+    """Holds ``LOCK`` for the block if it is free now; yields whether it does (if not,
+    the capture is marked wanted: a build lets it in at its next yield point)."""
     got = LOCK.acquire(blocking=False)
+    if not got:
+        _wanted.set()
     try:
         yield got
     finally:
         if got:
-            LOCK.release()
+            _done_with(LOCK)
+
+
+@contextlib.contextmanager
+def held() -> Iterator[None]:
+    """Holds ``LOCK`` for the block, waiting for it (a build lets the caller in at its
+    next yield point)."""
+    if not LOCK.acquire(blocking=False):
+        _wanted.set()
+        LOCK.acquire()
+    try:
+        yield
+    finally:
+        _done_with(LOCK)
+
+
+def _done_with(lock) -> None:
+    _wanted.clear()
+    with _TURN:
+        _TURN.notify_all()  # a build waiting at a yield point goes on
+    lock.release()
+
+
+def yield_to_captures(timeout: float = YIELD_S) -> bool:
+    """(A build's thread, holding ``LOCK``.)  If a capture wants the lock, release it
+    until one has run, or ``timeout`` seconds; returns whether it yielded."""
+    if not _wanted.is_set():
+        return False
+    with _TURN:  # re-entered; wait() releases every level of it, and takes them back after
+        if not _TURN.wait_for(lambda: not _wanted.is_set(), timeout):
+            _wanted.clear()  # nobody came (the stream ended): do not wait at the next point too
+    return True

@@ -14,9 +14,14 @@ drop-in does not make the stream wait for it:
    path (``adapter.fallback`` on the arena's state, counted as ``WAITING``).  The
    build starts once the first chunk is out: the set-up and the first chunk (the
    time to first audio) run as stock's do, without a build beside them.
-3. At the first chunk boundary after the build is done, the session takes the
-   executable: same plan, so the same arena layout, and the state stays where it
-   is.  From that chunk on its programs run.  Under replay rules each entry's graphs
+3. The build hands over each catalog entry's program as soon as it is done
+   (``Build.publish``), the steady entry first: by the time a build runs the stream
+   is past its warm-up, and every chunk from the third on until a turn's end is the
+   steady entry's.  At each chunk boundary the session takes the programs that
+   landed: same plan, so the same arena layout, and the state stays where it is.  A
+   chunk whose entry has landed runs its program; the others stay eager (counted as
+   ``WAITING``) until theirs do.  When the whole build is done the session takes the
+   executable (its off-catalog programs too).  Under replay rules each entry's graphs
    are captured on this arena the first time a chunk needs them, between chunks,
    with the live state saved and put back (as an off-catalog specialization's
    capture is); if a build holds the device lock then, that chunk runs eagerly
@@ -98,6 +103,7 @@ class Build:
 
     def __init__(self, label: str, run: Callable[[], Executable], executor: concurrent.futures.Executor):
         self.label = label
+        self._landed: dict[int, Any] = {}  # entry index -> its program, as the build hands them over
         self.submitted: float | None = None
         self.started: float | None = None
         self.finished: float | None = None
@@ -126,6 +132,15 @@ class Build:
 
     def done(self) -> bool:
         return self._future.done()
+
+    def publish(self, index: int, program: Any) -> None:
+        """(The build's thread.)  Entry ``index``'s program is done: streams may run it now."""
+        self._landed = {**self._landed, index: program}  # one reference swap: readers see old or new
+        device_work.yield_to_captures()  # a stream may capture what landed before the build goes on
+
+    def landed(self) -> dict[int, Any]:
+        """The entries' programs handed over so far (index -> program)."""
+        return self._landed
 
     def wait(self, timeout: float | None = None) -> bool:
         """Start the build if no chunk did yet, and block until it is done (or ``timeout``
@@ -164,6 +179,8 @@ class PendingSession(Session):
         self.build = build
         self._eager_reason: str | None = WAITING  # None once the programs may run
         self._taken_at_step: int | None = None
+        self._first_program_at_step: int | None = None  # when the first landed entry was taken
+        self._captured_from: dict[int, Any] = {}  # entry -> the program its capture here was made of
         self._entry_failures: dict[int, str] = {}  # entry -> why its capture failed (eager from then on)
 
     def step(self, inputs: Mapping[str, torch.Tensor], **flags: Any) -> dict[str, torch.Tensor]:
@@ -173,7 +190,10 @@ class PendingSession(Session):
             self.build.start()
 
     def _before_step(self) -> None:
-        if self._eager_reason != WAITING or not self.build.done():
+        if self._eager_reason != WAITING:
+            return
+        if not self.build.done():
+            self._take_landed()
             return
         error = self.build.error()
         if error is not None:
@@ -188,12 +208,32 @@ class PendingSession(Session):
         self._stats.setup = dataclasses.replace(SetupTimes.from_compile(exe.claim_compile()),
                                                 capture_s=self._stats.setup.capture_s)
         if any(p.kind == "cudagraph" for p in exe.programs.values()):
-            self._programs = {}  # each entry captured on this arena when a chunk first needs it
+            # each entry captured on this arena when a chunk first needs it; what was captured
+            # here of a program handed over early is kept (the executable holds the same one)
+            self._programs = {i: p for i, p in (self._programs or {}).items()
+                              if exe.programs.get(i) is self._captured_from.get(i)}
         self._taken_at_step = self._stats.steps
+        if self._first_program_at_step is None:
+            self._first_program_at_step = self._stats.steps
         self._eager_reason = None
 
+    def _take_landed(self) -> None:
+        """Put the entries' programs handed over so far on this session's plan-only executable."""
+        landed = self.build.landed()
+        if len(landed) == len(self.executable.programs):
+            return
+        for index, program in landed.items():
+            if index not in self.executable.programs and program.entry == self.executable.plan.catalog[index]:
+                self.executable.programs[index] = program
+                if program.kind == "cudagraph" and self._programs is None:
+                    self._programs = {}
+        if self._first_program_at_step is None and self.executable.programs:
+            self._first_program_at_step = self._stats.steps
+
     def _admit(self, entry: CatalogEntry, inputs: Mapping[str, torch.Tensor]) -> str | None:
-        if self._eager_reason is not None:
+        if entry.index not in self.executable.programs:  # not handed over yet
+            return self._eager_reason or WAITING
+        if self._eager_reason not in (None, WAITING):  # the build failed or was not taken
             return self._eager_reason
         why = super()._admit(entry, inputs)
         if why is not None or self._programs is None or entry.index in self._programs:
@@ -221,6 +261,7 @@ class PendingSession(Session):
             return self._entry_failures[index]
         self.capture_failures[index] = failed  # {} where every region captured (as prepare_replay records)
         self._programs[index] = dataclasses.replace(program, run=parent)
+        self._captured_from[index] = program
         return None
 
     def stats(self) -> dict[str, Any]:
@@ -229,5 +270,7 @@ class PendingSession(Session):
         ``build_s`` (the worker's), and ``eager_reason`` (why chunks run eagerly now, if they do)."""
         out = super().stats()
         out["background"] = {"taken": self._eager_reason is None, "taken_at_step": self._taken_at_step,
+                             "first_program_at_step": self._first_program_at_step,
+                             "entries_landed": sorted(self.executable.programs),
                              **self.build.times(), "eager_reason": self._eager_reason}
         return out

@@ -154,7 +154,7 @@ class Session:
         if not any(p.kind == "cudagraph" for p in self.executable.programs.values()):
             return failed
         t0 = time.perf_counter()
-        with self._exclusive("prepare_replay"), device_work.LOCK:  # never beside a background build
+        with self._exclusive("prepare_replay"), device_work.held():  # never beside a build's device work
             pool = torch.cuda.graph_pool_handle()  # one pool for all this session's graphs
             # and one capture stream: one set of library workspaces (None: a CPU test's fake capture)
             stream = torch.cuda.Stream(self._expect_device) if self._expect_device.type == "cuda" else None

@@ -111,6 +111,54 @@ def test_a_new_length_streams_eagerly_until_its_build_lands_then_runs_its_progra
     assert [c["route"] for c in again["per_chunk"]] == ["graph entry 0"]
 
 
+def test_the_steady_entry_lands_first_and_runs_while_the_others_are_built(background, monkeypatch):
+    """A build hands each entry over as it is done, the steady one first: a stream past its
+    warm-up runs it before the build is over; the chunks whose entry has not landed stay
+    eager, and after the build a turn reset runs every entry."""
+    t2w = background
+    landed, hold = threading.Event(), threading.Event()
+    real = dropin_module.compile_executable
+
+    def pausing(*args, on_entry=None, **kwargs):
+        def publish(index, program):
+            on_entry(index, program)
+            landed.set()
+            assert hold.wait(300), "the test never let the build go on"
+        return real(*args, on_entry=publish, **kwargs)
+
+    monkeypatch.setattr(dropin_module, "compile_executable", pausing)
+    prompt = s2.synthetic_prompt(59, seed=59)  # a length no other test uses
+    t2w.tail.set_stream_cache(*prompt)
+    session = t2w.opt.open_session(*prompt)
+    chunks = s2.synthetic_chunks(4, seed=59, final_tokens=6)
+    try:
+        first = compare_streams(t2w.tail, session, chunks[:1], CPU, seed=591)  # starts the build
+        assert landed.wait(300)  # the build stops after handing over its first entry
+        assert sorted(session.session.build.landed()) == [2], "the steady entry comes first"
+        rest = compare_streams(t2w.tail, session, chunks[1:4], CPU, seed=592)
+    finally:
+        hold.set()
+    for report in (first, rest):
+        assert report["exact"], report["mismatches"]
+    routes = [c["route"] for c in first["per_chunk"] + rest["per_chunk"]]
+    # warm-up (entries 0, 1: not landed) eager; the steady entry's growth and trim chunks run it
+    assert routes == [EAGER, EAGER, "graph entry 2", "graph entry 2"], routes
+    stats = session.stats()
+    assert stats["fallbacks"] == {WAITING: 2} and stats["graph_runs"] == {"2": 2}, stats
+    bg = stats["background"]
+    assert (bg["taken"], bg["first_program_at_step"], bg["entries_landed"]) == (False, 1, [2]), bg
+    assert t2w.opt.wait_for_builds(300)
+    flush = compare_streams(t2w.tail, session, chunks[4:], CPU, seed=593)  # takes the whole executable
+    assert flush["exact"] and [c["route"] for c in flush["per_chunk"]] == [FLUSH]
+    assert session.stats()["background"]["taken"] and session.stats()["background"]["entries_landed"] == [0, 1, 2]
+    session.reset()
+    t2w.tail.set_stream_cache(*prompt)
+    turn = compare_streams(t2w.tail, session, s2.synthetic_chunks(3, seed=594), CPU, seed=594)
+    assert turn["exact"], turn["mismatches"]
+    assert [c["route"] for c in turn["per_chunk"]] == ["graph entry 0", "graph entry 1", "graph entry 2"]
+    session.close()
+
+
 def test_a_turn_reset_after_the_switch_restores_the_state_set_up_before_it(background, gated):
     t2w = background
     prompt = s2.synthetic_prompt(43, seed=43)
