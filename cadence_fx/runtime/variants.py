@@ -25,8 +25,11 @@ that shape run the program.  With ``background`` set (a drop-in built with
 ``background=True`` sets it: ``runtime.pending``) the build goes to the drop-in's worker
 thread instead and the chunk runs the exact eager path (``BUILDING``); a later chunk of
 that shape takes the program once it is done.  A background build that needs the
-foreground (``NeedsForeground``: a first trace) is not a refusal: the next chunk of that
-shape builds it on the calling thread, as without ``background``.  Under rules SR/SRc each session captures a
+foreground (``NeedsForeground``: a trace, which runs the step for real) is not made on a
+chunk while ``background`` is set: a stream with background builds never waits for a
+trace (on the H200 a window's took 13 s), so that shape runs the exact eager path
+(``NEEDS_FOREGROUND``, counted); with ``background`` unset again the next chunk of that
+shape builds it on the calling thread.  Under rules SR/SRc each session captures a
 variant's graphs on its own arena the first time it runs it.
 """
 
@@ -45,7 +48,9 @@ from .arena import copy_strided
 
 #: the reason of an off-catalog chunk that ran eagerly while its program builds in the background
 BUILDING = "its program is building in the background"
-_FOREGROUND = object()  # a background build that needs the calling thread: build it there now
+#: the reason of an off-catalog chunk whose program needs a trace, which no chunk waits for in background mode
+NEEDS_FOREGROUND = ("its program needs a trace on the stream's thread, which a chunk never waits for while "
+                    "builds are in the background (background=False builds it on the next chunk of its shape)")
 
 #: what an off-catalog chunk does: built and run by its own program, or run eagerly
 POLICIES = ("specialize", "eager")
@@ -151,10 +156,11 @@ class Variants:
                 return hit.program, None
             if key in self._refused:
                 return None, self._refused[key]
-            background = self.background if key not in self._foreground_only else None
-            if background is not None or key in self._pending:
-                got = self._in_background(key, inputs, background)
-                if got is not _FOREGROUND:
+            if key in self._foreground_only and self.background is not None:
+                return None, NEEDS_FOREGROUND
+            if key not in self._foreground_only and (self.background is not None or key in self._pending):
+                got = self._in_background(key, inputs, self.background)
+                if got is not None:
                     return got
         if not self._building.acquire(blocking=False):
             return None, "another session is building a specialization"
@@ -196,7 +202,8 @@ class Variants:
     def _in_background(self, key: VariantKey, inputs: Mapping[str, torch.Tensor], submit):
         """(Holding ``_lock``.)  ``key``'s program if its background build is done (taken into
         the table now), else ``(None, why)``: a build submitted now, or still running; or
-        ``_FOREGROUND`` where the build needed the calling thread (the caller builds it now)."""
+        ``None`` where the build needed the calling thread and ``background`` is unset now (the
+        caller builds it)."""
         handle = self._pending.get(key)
         if handle is None:
             copies = {n: copy_strided(t) for n, t in inputs.items()}  # the caller may reuse its tensors
@@ -208,9 +215,9 @@ class Variants:
             return None, BUILDING
         del self._pending[key]
         error = handle.error()
-        if isinstance(error, NeedsForeground):  # e.g. a first trace: built here, on this chunk
+        if isinstance(error, NeedsForeground):  # a trace: never on a chunk in background mode
             self._foreground_only[key] = str(error)
-            return _FOREGROUND
+            return (None, NEEDS_FOREGROUND) if self.background is not None else None
         if error is not None:
             return self._refuse(key, error)
         program, nbytes, how = handle.result()

@@ -28,6 +28,7 @@ from cadence_fx.lockstep import compare_streams
 from cadence_fx.passes.prune_dead import PruneDead
 from cadence_fx.runtime import pending
 from cadence_fx.runtime.pending import WAITING, PendingSession
+from cadence_fx.runtime.variants import NEEDS_FOREGROUND
 
 from helpers.marks import cuda, deterministic_protocol_restored
 
@@ -222,9 +223,12 @@ def test_a_build_that_would_draw_random_numbers_is_refused_and_its_stream_stays_
     assert [c["route"] for c in again["per_chunk"]] == ["graph entry 0"]
 
 
-def test_an_off_catalog_chunk_builds_its_program_in_the_background(background):
-    """Under ``off_catalog="specialize"`` a window's program is built on the worker while
-    that chunk (and the ones keyed after it) run eagerly; the next turn's window runs it."""
+def test_an_off_catalog_chunk_never_waits_for_its_program_in_the_background(background):
+    """Under ``off_catalog="specialize"`` a window's program goes to the worker while that
+    chunk (and the ones keyed after it) run eagerly.  This window's and this flush's need a
+    trace (they run the step for real: only the foreground may), which no chunk waits for
+    while builds are in the background: the next turn runs them eagerly again, counted;
+    with ``background`` off the turn after builds them on their chunks and runs them."""
     t2w = background
     policy = t2w.opt.off_catalog
     t2w.opt.set_background(False)
@@ -248,7 +252,17 @@ def test_an_off_catalog_chunk_builds_its_program_in_the_background(background):
         assert second["exact"], second["mismatches"]
         assert second["pcm_sha256_stock"] == second["pcm_sha256_optimized"]
         routes = [c["route"] for c in second["per_chunk"]]
-        assert routes[3].startswith("graph specialization"), routes  # built in the background, or here
+        assert routes[:3] == ["graph entry 0", "graph entry 1", "graph entry 2"], routes
+        assert all(NEEDS_FOREGROUND in r for r in routes[3:]), routes  # eager, not a stall
+        needs = session.session.stats()["specializations"]["foreground_only"]
+        assert len(needs) == 2 and all("only the foreground may" in why for why in needs.values()), needs
+        t2w.opt.set_background(False)
+        session.reset()
+        t2w.tail.set_stream_cache(*prompt)
+        third = compare_streams(t2w.tail, session, turn, CPU, seed=533)
+        assert third["exact"], third["mismatches"]
+        routes = [c["route"] for c in third["per_chunk"]]
+        assert all(r.startswith("graph specialization") for r in routes[3:]), routes  # built here, on the chunk
     finally:
         session.close()
         t2w.opt.set_off_catalog(*policy)

@@ -238,13 +238,14 @@ def test_one_build_at_a_time_and_a_second_session_runs_eagerly_meanwhile():
 def test_in_the_background_a_build_runs_on_the_worker_and_a_later_chunk_takes_it():
     """``background`` set: a new key's chunk runs eagerly (``BUILDING``) while the worker
     builds it on its own copy of the inputs; a later chunk of that key takes the program.
-    A build that needs the foreground (a first trace) is built on the next such chunk, on
-    the calling thread; any other failure is kept as the reason."""
+    A build that needs the foreground (a trace) is never made on a chunk while ``background``
+    is set (that key runs eagerly, with its reason), and is built on the calling thread at
+    its next chunk once ``background`` is unset; any other failure is kept as the reason."""
     import concurrent.futures
 
     from cadence_fx.errors import NeedsForeground
     from cadence_fx.runtime.pending import Build
-    from cadence_fx.runtime.variants import BUILDING
+    from cadence_fx.runtime.variants import BUILDING, NEEDS_FOREGROUND
 
     threads, seen, release = [], [], threading.Event()
 
@@ -275,9 +276,14 @@ def test_in_the_background_a_build_runs_on_the_worker_and_a_later_chunk_takes_it
 
     assert v.get(_key(3), {"x": x}) == (None, BUILDING)
     assert all(h.wait(10) for h in v.pending())
-    assert v.get(_key(3), {"x": x}) == ("program entry 2 | x (1, 4, 3)", None)  # built here, now
+    builds = len(threads)
+    assert v.get(_key(3), {"x": x}) == (None, NEEDS_FOREGROUND)  # no chunk waits for a trace
+    assert v.get(_key(3), {"x": x}) == (None, NEEDS_FOREGROUND) and len(threads) == builds  # not tried again
+    assert _key(3).label() in v.stats()["foreground_only"] and not v.pending()
+    background, v.background = v.background, None  # background off: the next chunk builds it, here
+    assert v.get(_key(3), {"x": x}) == ("program entry 2 | x (1, 4, 3)", None)
     assert threads[-1] == threading.current_thread().name
-    assert _key(3).label() in v.stats()["foreground_only"]
+    v.background = background
 
     assert v.get(_key(4), {"x": x}) == (None, BUILDING)
     assert all(h.wait(10) for h in v.pending())
