@@ -46,7 +46,7 @@ def try_held() -> Iterator[bool]:
         yield got
     finally:
         if got:
-            _done_with(LOCK)
+            _done_with()
 
 
 @contextlib.contextmanager
@@ -59,14 +59,16 @@ def held() -> Iterator[None]:
     try:
         yield
     finally:
-        _done_with(LOCK)
+        _done_with()
 
 
-def _done_with(lock) -> None:
+def _done_with() -> None:
+    """Release ``LOCK`` after a capture: no capture is wanted now, and a build waiting at a
+    yield point goes on."""
     _wanted.clear()
     with _TURN:
-        _TURN.notify_all()  # a build waiting at a yield point goes on
-    lock.release()
+        _TURN.notify_all()
+    LOCK.release()
 
 
 def yield_to_captures(timeout: float = YIELD_S) -> bool:

@@ -180,7 +180,6 @@ class PendingSession(Session):
         self._eager_reason: str | None = WAITING  # None once the programs may run
         self._taken_at_step: int | None = None
         self._first_program_at_step: int | None = None  # when the first landed entry was taken
-        self._captured_from: dict[int, Any] = {}  # entry -> the program its capture here was made of
         self._entry_failures: dict[int, str] = {}  # entry -> why its capture failed (eager from then on)
 
     def step(self, inputs: Mapping[str, torch.Tensor], **flags: Any) -> dict[str, torch.Tensor]:
@@ -203,15 +202,16 @@ class PendingSession(Session):
         if exe.plan != self.executable.plan or exe.carried != self.executable.carried:
             self._eager_reason = "background build made another plan than the session's (not taken)"
             return
+        # what was captured here of a program handed over early is kept: the executable holds
+        # the same program (each capture was made of the shell's program at its index)
+        kept = {i: p for i, p in (self._programs or {}).items()
+                if exe.programs.get(i) is self.executable.programs.get(i)}
         self.executable = exe
         exe.drop_spare_arena()  # this session streams on its own arena; a later one makes its own
         self._stats.setup = dataclasses.replace(SetupTimes.from_compile(exe.claim_compile()),
                                                 capture_s=self._stats.setup.capture_s)
         if any(p.kind == "cudagraph" for p in exe.programs.values()):
-            # each entry captured on this arena when a chunk first needs it; what was captured
-            # here of a program handed over early is kept (the executable holds the same one)
-            self._programs = {i: p for i, p in (self._programs or {}).items()
-                              if exe.programs.get(i) is self._captured_from.get(i)}
+            self._programs = kept  # the others captured on this arena when a chunk first needs them
         self._taken_at_step = self._stats.steps
         if self._first_program_at_step is None:
             self._first_program_at_step = self._stats.steps
@@ -261,7 +261,6 @@ class PendingSession(Session):
             return self._entry_failures[index]
         self.capture_failures[index] = failed  # {} where every region captured (as prepare_replay records)
         self._programs[index] = dataclasses.replace(program, run=parent)
-        self._captured_from[index] = program
         return None
 
     def stats(self) -> dict[str, Any]:

@@ -156,10 +156,11 @@ class Variants:
                 return hit.program, None
             if key in self._refused:
                 return None, self._refused[key]
-            if key in self._foreground_only and self.background is not None:
-                return None, NEEDS_FOREGROUND
-            if key not in self._foreground_only and (self.background is not None or key in self._pending):
-                got = self._in_background(key, inputs, self.background)
+            if key in self._foreground_only:  # needs a trace: never on a chunk in background mode
+                if self.background is not None:
+                    return None, NEEDS_FOREGROUND
+            elif self.background is not None or key in self._pending:
+                got = self._in_background(key, inputs)
                 if got is not None:
                     return got
         if not self._building.acquire(blocking=False):
@@ -199,7 +200,7 @@ class Variants:
             return None, why
         return built.program, None
 
-    def _in_background(self, key: VariantKey, inputs: Mapping[str, torch.Tensor], submit):
+    def _in_background(self, key: VariantKey, inputs: Mapping[str, torch.Tensor]):
         """(Holding ``_lock``.)  ``key``'s program if its background build is done (taken into
         the table now), else ``(None, why)``: a build submitted now, or still running; or
         ``None`` where the build needed the calling thread and ``background`` is unset now (the
@@ -207,7 +208,7 @@ class Variants:
         handle = self._pending.get(key)
         if handle is None:
             copies = {n: copy_strided(t) for n, t in inputs.items()}  # the caller may reuse its tensors
-            handle = submit(key.label(), lambda: self._build(key, copies))
+            handle = self.background(key.label(), lambda: self._build(key, copies))
             handle.start()
             self._pending[key] = handle
             return None, BUILDING
