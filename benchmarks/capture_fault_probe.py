@@ -17,6 +17,9 @@ collects garbage, allocates, frees, synchronizes and captures again:
   recording to mempool_id``.)
 - ``invalidated_rng_end``: the same, then ``torch._C._cuda_endAllocateToPool`` on the
   pool: does that let the pool take captures again?
+- ``invalidated_rng_fresh``: the same invalidation, then what ``graphs.GraphPool`` does
+  after a failed capture: the generator's empty capture and every later one go to a
+  fresh pool (``graph_pool_handle()``) on the same stream.
 - ``warmup_tests``: ``tests/runtime/test_capture_warmup.py`` three times in one process,
   garbage collected between, then ``tests/runtime/test_replay_cuda.py``.
 
@@ -32,7 +35,8 @@ import subprocess
 import sys
 import time
 
-CASES = ("raise", "invalidated", "invalidated_end", "invalidated_rng", "invalidated_rng_end", "warmup_tests")
+CASES = ("raise", "invalidated", "invalidated_end", "invalidated_rng", "invalidated_rng_end", "invalidated_rng_fresh",
+         "warmup_tests")
 
 
 def _after(torch, pool, stream) -> None:
@@ -99,6 +103,8 @@ def case(name: str) -> None:
                 error += " | endAllocateToPool: ok"
             except Exception as e2:  # noqa: BLE001
                 error += f" | endAllocateToPool: {type(e2).__name__}: {str(e2).splitlines()[0][:200]}"
+        if name.endswith("_fresh"):  # as GraphPool.renew after a failed capture
+            pool = torch.cuda.graph_pool_handle()
         with rng.capturing() if rng is not None else contextlib.nullcontext():  # as CapturedRegion.capture
             _release_generator(pool, stream)
     del g

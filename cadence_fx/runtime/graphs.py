@@ -111,6 +111,33 @@ class ArgSpec:
         return None
 
 
+class GraphPool:
+    """The CUDA-graph memory pool a session captures into, renewed after a failed capture.
+
+    A capture the device invalidates (a host sync inside it) ends before PyTorch's
+    allocator stops recording into its pool: every later capture into that pool then
+    raises "beginAllocateToPool: already recording to mempool_id", and
+    ``torch._C._cuda_endAllocateToPool`` does not clear it (PyTorch 2.11,
+    ``benchmarks/capture_fault_probe.py``).  So after any failed capture (``renew``) the
+    session's later captures, the failed region's retry among them, go to a fresh
+    pool: one fault leaves one region eager, not every capture after it.  Graphs
+    captured before keep the memory of the pool they were captured into; ``renewed``
+    counts the fresh pools (``Session.stats()["graph_pools_renewed"]``)."""
+
+    def __init__(self):
+        self.handle = torch.cuda.graph_pool_handle()
+        self.renewed = 0
+
+    def renew(self) -> None:
+        self.handle = torch.cuda.graph_pool_handle()
+        self.renewed += 1
+
+
+def pool_handle(pool: "GraphPool | Any") -> Any:
+    """The handle ``torch.cuda.graph`` takes: a ``GraphPool``'s current one, or ``pool`` itself."""
+    return pool.handle if isinstance(pool, GraphPool) else pool
+
+
 class CapturedRegion(torch.nn.Module):
     """One CUDA graph for one piece of one catalog entry."""
 
@@ -133,7 +160,8 @@ class CapturedRegion(torch.nn.Module):
         self.failed_graphs: list[torch.cuda.CUDAGraph] = []
 
     def capture(self, args: Sequence[Any], pool, stream: torch.cuda.Stream, arena_ptr: int | None = None) -> None:
-        """Capture on ``stream`` into ``pool``; the caller has warmed the piece up.
+        """Capture on ``stream`` into ``pool`` (a ``GraphPool``, renewed if this capture
+        fails, or a pool handle); the caller has warmed the piece up.
 
         An argument that aliases the arena (``arena_ptr``: its storage's address) is
         bound by address: a static copy of it would take the graph's writes away
@@ -156,10 +184,12 @@ class CapturedRegion(torch.nn.Module):
         graph = torch.cuda.CUDAGraph()
         with self.rng.capturing() if self.rng is not None else contextlib.nullcontext():
             try:
-                with torch.cuda.graph(graph, pool=pool, stream=stream):
+                with torch.cuda.graph(graph, pool=pool_handle(pool), stream=stream):
                     out = run_piece(self.piece, call_args)
             except Exception as e:
-                _release_generator(pool, stream)  # the generator state this capture used
+                if isinstance(pool, GraphPool):  # the old pool may still be recording: later captures
+                    pool.renew()                 # (and the empty one below) go to a fresh one
+                _release_generator(pool_handle(pool), stream)  # the generator state this capture used
                 # A failed capture's graph still counts as a user of the pool.  Kept here, it
                 # is freed with its region's other graphs, never by a garbage collection in
                 # whatever runs later; and the pool keeps a user for the retry and the next

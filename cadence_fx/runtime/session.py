@@ -149,13 +149,13 @@ class Session:
         which is recorded), the session keeps no graphs and is marked broken.  Its wall
         time is ``stats()["setup_s"]["capture_s"]``.
         """
-        from .graphs import GraphRng, capture_entry, fresh_regions
+        from .graphs import GraphPool, GraphRng, capture_entry, fresh_regions
         failed: dict[int, dict[str, str]] = {}
         if not any(p.kind == "cudagraph" for p in self.executable.programs.values()):
             return failed
         t0 = time.perf_counter()
         with self._exclusive("prepare_replay"), device_work.held():  # never beside a build's device work
-            pool = torch.cuda.graph_pool_handle()  # one pool for all this session's graphs
+            pool = GraphPool()  # one pool for all this session's graphs (a fresh one after a failed capture)
             # and one capture stream: one set of library workspaces (None: a CPU test's fake capture)
             stream = torch.cuda.Stream(self._expect_device) if self._expect_device.type == "cuda" else None
             self._pool, self._capture_stream = pool, stream  # specializations captured later use them too
@@ -281,12 +281,14 @@ class Session:
         specializations, ``specializations``: its policy, bounds, what it holds and refused,
         and what this session captured (seconds per label).  Under replay, ``graph_rng``:
         ``"session"`` (its graphs draw from a generator state of their own) or
-        ``"default"`` (this PyTorch lacks the graph-safe generator API); ``capture_retried``."""
+        ``"default"`` (this PyTorch lacks the graph-safe generator API); ``capture_retried``;
+        ``graph_pools_renewed`` (fresh pools taken after failed captures, ``graphs.GraphPool``)."""
         out = self._stats.to_json()
         if self._programs is not None and self._expect_device.type == "cuda":
             out["graph_rng"] = "session" if self._rng is not None else "default"
             from .graphs import retried_regions
             out["capture_retried"] = retried_regions(self._programs, self._variant_programs)
+            out["graph_pools_renewed"] = getattr(self._pool, "renewed", 0)
         if self.executable.variants is not None:
             out["specializations"] = {**self.executable.variants.stats(),
                                       "captured_here_s": dict(self._variant_capture_s)}
@@ -383,12 +385,12 @@ class Session:
         """``graphs.capture_variant`` of ``program`` on this session's arena now, between two
         chunks (the live state copied out first and written back after: capture runs the
         step), into this session's pool with its generator state: ``(parent, failed, error)``."""
-        from .graphs import GraphRng, capture_variant
+        from .graphs import GraphPool, GraphRng, capture_variant
         saved = {r: t.clone() for r, t in self._live_state().items()}
         extents = dict(self.extents)
         args = [inputs[n] for n in self.executable.inputs] + self._capture_state_args(program)
         if self._pool is None and self._expect_device.type == "cuda":
-            self._pool, self._rng = torch.cuda.graph_pool_handle(), GraphRng.for_device(self._expect_device)
+            self._pool, self._rng = GraphPool(), GraphRng.for_device(self._expect_device)
         try:
             return capture_variant(program.run, args, self._pool, self._bound_storage(), self._capture_stream,
                                    self._expect_device, self._rng, warm_up=warm_up)

@@ -77,3 +77,54 @@ def test_later_entries_capture_unwarmed_and_a_failed_one_is_warmed_up_and_captur
     assert not stats["fallbacks"], stats["fallbacks"]
     assert stats["capture_retried"] == {f"1/{m.name}": m.unwarmed_failure for m in failed_once}
     assert all(stats["replays"].get(str(i), 0) >= 1 for i in (0, 1, 2)), stats["replays"]
+
+
+@cuda
+def test_an_invalidated_capture_leaves_one_region_eager_and_the_later_captures_take_a_fresh_pool(
+        monkeypatch, deterministic):
+    """A host sync inside a capture invalidates it, and PyTorch's allocator then keeps
+    recording into that pool (every later capture into it raises "already recording";
+    benchmarks/capture_fault_probe.py).  The session takes a fresh pool after each failed
+    capture (``graphs.GraphPool``): the faulty region runs eagerly, counted, and every
+    other region of every entry is captured and replays; the stream is exact."""
+    from cadence_fx.compiler import compile_executable
+    from cadence_fx.runtime import graphs
+    from helpers.toy_models import ToyAdapter, assert_lockstep_exact, make_toy, toy_inputs, toy_prompt
+
+    dev = torch.device("cuda")
+    adapter = ToyAdapter(make_toy(4).to(dev), 2)
+    exe = compile_executable(adapter, "SRc")
+    faulty = _regions(exe.programs[1])[0]
+    real, attempts = graphs.run_piece, []
+
+    def run_piece(piece, args):
+        if torch.cuda.is_current_stream_capturing() and piece is faulty.piece:
+            attempts.append(1)
+            torch.cuda.synchronize()  # not permitted while capturing: invalidates the capture
+        return real(piece, args)
+
+    monkeypatch.setattr(graphs, "run_piece", run_piece)
+    prompt = toy_prompt(2).to(dev)
+    session = adapter.open_session(exe, prompt)
+    monkeypatch.undo()
+
+    assert len(attempts) == 2  # captured unwarmed, then again after the warm-up: both invalidated
+    assert set(session.capture_failures) == {0, 1, 2}
+    assert session.capture_failures[0] == {} and session.capture_failures[2] == {}
+    assert list(session.capture_failures[1]) == [faulty.name]
+    others = [m for i in (0, 1, 2) for m in _regions(session._programs[i]) if m.name != faulty.name or i != 1]
+    assert others and all(m.graph is not None for m in others)  # before the fresh pool, these all failed
+    stats = session.stats()
+    assert stats["graph_pools_renewed"] == 2
+
+    stock = make_toy(4).to(dev)
+    with torch.no_grad():
+        stock_state = stock.setup(prompt)
+    inputs = [{k: v.to(dev) for k, v in x.items()} for x in toy_inputs(6, seed=4)]
+    assert_lockstep_exact(stock, stock_state, session, inputs, 2)
+    stats = session.stats()
+    assert stats["replays"].get("0", 0) >= 1 and stats["replays"].get("2", 0) >= 1, stats["replays"]
+    # each step of entry 1 (a replay if it has other regions, else a graph run) ran the faulty region eagerly
+    entry1_steps = stats["replays"].get("1", 0) + stats["graph_runs"].get("1", 0)
+    assert entry1_steps >= 1
+    assert stats["fallbacks"] == {f"region refused replay: {faulty.name}: not captured": entry1_steps}
