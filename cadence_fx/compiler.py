@@ -45,7 +45,7 @@ from . import step as meta
 from .plan import CatalogEntry, Plan, TensorSpec, make_plan
 from .programs import ProgramStore
 from .programs.entry import specialized_entry
-from .runtime.arena import Arena, copy_strided
+from .runtime.arena import Arena, copy_strided, zeros_of
 from .runtime.counters import COMPILE_KEYS
 from .runtime.graphs import CapturedRegion
 from .runtime.pending import Build, PendingSession
@@ -216,8 +216,7 @@ def _compile(adapter: StreamingAdapter, rules: "str | Rules",
                     break
                 say(f"tracing catalog entry {entry.index + 1}/{len(plan.catalog)} (steps {entry.steps})")
                 specs = _state_specs(plan, entry, carried, stock_off_axis)
-                example_state = {r: torch.zeros(specs[r].shape, dtype=getattr(torch, specs[r].dtype), device=device)
-                                 for r in carried}
+                example_state = {r: zeros_of(specs[r], device) for r in carried}
                 t_trace = time.perf_counter()
                 gm = trace_step(step, sig, adapter.example_inputs(), example_state, by_region)
                 setup["trace_s"] += round(time.perf_counter() - t_trace, 3)
@@ -283,8 +282,7 @@ def _variant_builder(adapter: StreamingAdapter, plan: Plan, rules: Rules, progra
                 say(f"tracing the off-catalog chunk {key.label()} at its exact shapes")
                 step = adapter.bind(buffer_bindings(adapter.declaration, scratch))
                 fn = (lambda i, s: step(i, s, **flags)) if flags else step
-                state = {r: torch.zeros(entry.regions[r].shape, dtype=getattr(torch, entry.regions[r].dtype),
-                                        device=device) for r in sig.regions}
+                state = {r: zeros_of(entry.regions[r], device) for r in sig.regions}
                 t0 = time.perf_counter()
                 gm = trace_step(fn, sig, example, state, by_region)
                 setup["trace_s"] = round(time.perf_counter() - t0, 3)
@@ -459,8 +457,7 @@ def _set_up(session: Session, adapter: StreamingAdapter, buffers: dict, setup_ar
         state = adapter.setup(buffers, *setup_args)
         if state is None:  # the stream starts from zeros at catalog entry 0's extents
             entry0 = session.executable.plan.catalog[0]
-            state = {r: torch.zeros(entry0.regions[r].shape, dtype=getattr(torch, entry0.regions[r].dtype),
-                                    device=adapter.device) for r in session.executable.carried}
+            state = {r: zeros_of(entry0.regions[r], adapter.device) for r in session.executable.carried}
         session.load_state(state)
     return session
 

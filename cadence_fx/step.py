@@ -168,6 +168,13 @@ def traced_device(gm: "fx.GraphModule") -> "torch.device":
     return gm.meta.get(DEVICE, torch.device("cpu"))
 
 
+def attr(module: Any, target: str) -> Any:
+    """What a ``get_attr`` node of ``target`` (a dotted path) reads from ``module``."""
+    for part in target.split("."):
+        module = getattr(module, part)
+    return module
+
+
 def capturable(module: Any) -> bool | None:
     """A partitioned child's verdict: True/False, or None for a module partition did not make."""
     meta = getattr(module, "meta", None)

@@ -288,7 +288,7 @@ def split_in_order(gm: fx.GraphModule, part: dict[fx.Node, int]) -> fx.GraphModu
                 return local[a]
             if a.op == "get_attr":
                 if a.target not in consts:
-                    value = _fetch(gm, a.target)
+                    value = meta.attr(gm, a.target)
                     if not isinstance(value, torch.Tensor):
                         raise PassError(f"partition: get_attr {a.target} is a {type(value).__name__}")
                     name = a.target.replace(".", "_")
@@ -338,12 +338,6 @@ def split_in_order(gm: fx.GraphModule, part: dict[fx.Node, int]) -> fx.GraphModu
     parent.lint()
     split = cls(root, parent)
     return split
-
-
-def _fetch(mod: torch.nn.Module, target: str):
-    for part in target.split("."):
-        mod = getattr(mod, part)
-    return mod
 
 
 def _check_region_graph(split: fx.GraphModule) -> None:

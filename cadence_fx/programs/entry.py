@@ -24,6 +24,7 @@ from ..foreground import forked_rng
 from ..passes.specialize import specialize
 from ..passes.trace_symbolic import ModuleStateChanged, SymbolicStep, trace_symbolic
 from ..plan import CatalogEntry, Plan
+from ..runtime.arena import zeros_of
 from .shapes import NotAffine, symbolic_shapes
 from .store import ProgramStore, symbolic_key
 
@@ -38,8 +39,7 @@ def run_once(adapter, entry: CatalogEntry, by_region: dict, device: torch.device
              inputs: dict | None = None, flags: dict | None = None) -> None:
     """The step once, eagerly, on the scratch arena at the entry's shapes (generators forked);
     ``inputs``/``flags``: an off-catalog chunk's (default: the adapter's example inputs, no flags)."""
-    state = {r: torch.zeros(entry.regions[r].shape, dtype=getattr(torch, entry.regions[r].dtype), device=device)
-             for r in adapter.signature.regions}
+    state = {r: zeros_of(entry.regions[r], device) for r in adapter.signature.regions}
     bound = {p: by_region[r.name] for r in adapter.declaration.regions for p in r.buffers if r.name in by_region}
     devices = [device] if device.type == "cuda" else []
     with torch.no_grad(), forked_rng(devices, f"entry {entry.index + 1}'s run on the scratch arena"):
@@ -120,8 +120,7 @@ def specialized_entry(adapter, plan_at: Callable[[dict], Plan], plan: Plan, entr
         setup["reason"] = why
         return None
     tensors = {f"in_{n}": t for n, t in example.items()}
-    tensors.update({f"state_{r}": torch.zeros(entry.regions[r].shape, dtype=getattr(torch, entry.regions[r].dtype),
-                                              device=device) for r in sig.regions})
+    tensors.update({f"state_{r}": zeros_of(entry.regions[r], device) for r in sig.regions})
     at = {d: dims[d] for d in symbolic}
     prepare = lambda: run_once(adapter, entry, by_region, device, example, flags)  # noqa: E731 - a table moved on first use
     refusals = []

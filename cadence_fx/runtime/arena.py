@@ -13,6 +13,13 @@ from ..errors import CadenceError
 from ..plan import ArenaLayout
 
 
+def zeros_of(spec, device: "torch.device | str | None" = None) -> torch.Tensor:
+    """A contiguous zero tensor of a ``TensorSpec``'s shape and dtype, on ``device``
+    (default: the spec's): the example state a trace or a capture runs on."""
+    return torch.zeros(spec.shape, dtype=getattr(torch, spec.dtype),
+                       device=device if device is not None else spec.device)
+
+
 def copy_strided(t: torch.Tensor) -> torch.Tensor:
     """A copy of ``t`` with its strides (a program is exact for the layout it was traced at,
     and the eager path sees the layouts it would see on the arena: the same kernels run)."""

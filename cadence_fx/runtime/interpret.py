@@ -30,6 +30,8 @@ from typing import Any, Sequence
 import torch
 import torch.fx as fx
 
+from ..step import attr
+
 #: piece -> its compiled node list (built once per piece, shared by every capture of it)
 _PROGRAMS: "weakref.WeakKeyDictionary[fx.GraphModule, tuple]" = weakref.WeakKeyDictionary()
 
@@ -130,13 +132,6 @@ def _program(gm: fx.GraphModule) -> tuple:
     return prog
 
 
-def _attr(gm: torch.nn.Module, target: str) -> Any:
-    obj = gm
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
 def run_graph_module(gm: fx.GraphModule, args: Sequence[Any]) -> Any:
     """What ``gm(*args)`` computes, by walking its graph (see the module docstring)."""
     slot, inputs, steps, output, size = _program(gm)
@@ -152,7 +147,7 @@ def run_graph_module(gm: fx.GraphModule, args: Sequence[Any]) -> Any:
         if op == "call_function":
             env[i] = target(*a, **kw)
         elif op == "get_attr":
-            env[i] = _attr(gm, target)
+            env[i] = attr(gm, target)
         elif op == "call_method":
             self_obj, *rest = a
             env[i] = getattr(self_obj, target)(*rest, **kw)

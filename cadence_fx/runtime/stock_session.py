@@ -12,6 +12,7 @@ from typing import Mapping
 import torch
 
 from ..plan import CatalogEntry
+from .arena import zeros_of
 from .gate import StockStateGate
 from .session import EntryProgram, Executable, FallbackFn, Session
 
@@ -65,9 +66,7 @@ class StockStateSession(Session):
         return [self._state[r] for r in self.executable.carried]
 
     def _capture_state_args(self, program: EntryProgram) -> list[torch.Tensor]:
-        specs = program.state_specs
-        return [torch.zeros(specs[r].shape, dtype=getattr(torch, specs[r].dtype), device=self._expect_device)
-                for r in self.executable.carried]
+        return [zeros_of(program.state_specs[r], self._expect_device) for r in self.executable.carried]
 
     def _bound_storage(self) -> int | None:
         return None  # nothing is bound by address but what the graphs write in place
