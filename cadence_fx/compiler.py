@@ -476,7 +476,7 @@ def open_pending_session(adapter: StreamingAdapter, rules: "str | Rules", build:
     check_signature(adapter.declaration, sig, plan)
     shell = Executable(plan, {}, sig.inputs, sig.outputs, tuple(sig.regions), parsed, _compile_claimed=True)
     arena = Arena(plan.layout, torch.device(adapter.device))
-    session = PendingSession(shell, arena, adapter.fallback, build)
+    session = PendingSession(shell, arena, adapter.fallback, build, adapter.example_inputs())
     return _set_up(session, adapter, buffer_bindings(adapter.declaration, arena), setup_args)
 
 

@@ -212,6 +212,12 @@ class DropIn:
             session.adopt_setup(self.session)
         self.session = session
 
+    def idle(self, seconds: float | None = None) -> list[int]:
+        """Give the default stream time between chunks (``StreamSession.idle``): with
+        ``background=True``, capture the entries a build handed over before a chunk needs
+        them.  Returns the entries captured."""
+        return self.session.idle(seconds) if self.session is not None else []
+
     def state(self) -> dict[str, torch.Tensor]:
         """Live views of the default stream's carried regions ({} before the first stream)."""
         return self.session.state() if self.session is not None else {}

@@ -106,6 +106,15 @@ class StreamSession:
             self.session.restore(snapshot)
         self.last_speech = None
 
+    def idle(self, seconds: float | None = None) -> list[int]:
+        """Give the session time between chunks: a session whose graphs a background build
+        is making captures, now, the catalog entries that landed, so that no chunk pays
+        their capture (``runtime.pending.PendingSession.idle``; never waits for a build).
+        Returns the entries captured (none for a session set up in the foreground)."""
+        self._check_open("idle")
+        with on_stream(self.cuda_stream):
+            return self.session.idle(seconds)
+
     def state(self) -> dict[str, torch.Tensor]:
         """Live views of the carried regions (no copies)."""
         self._check_open("state")

@@ -174,9 +174,13 @@ class PendingSession(Session):
     """A ``Session`` on a plan-only executable (``shell``: no programs) that takes
     ``build``'s executable at the first step after it is done (module docstring)."""
 
-    def __init__(self, shell: Executable, arena, fallback, build: Build):
+    def __init__(self, shell: Executable, arena, fallback, build: Build,
+                 example_inputs: Mapping[str, torch.Tensor] | None = None):
         super().__init__(shell, arena, fallback, {})
         self.build = build
+        self._example_inputs = example_inputs  # what ``idle`` captures an entry on (as prepare_replay does)
+        self._idle_captured: list[int] = []
+        self._idle_s = 0.0
         self._eager_reason: str | None = WAITING  # None once the programs may run
         self._taken_at_step: int | None = None
         self._first_program_at_step: int | None = None  # when the first landed entry was taken
@@ -243,6 +247,36 @@ class PendingSession(Session):
         with device_work.try_held() as free:  # mid-stream: never wait for another build
             return self._capture_entry(entry.index, inputs) if free else device_work.DEFERRED
 
+    def idle(self, seconds: float | None = None) -> list[int]:
+        """Between chunks, on the caller's thread: take what the build handed over, and
+        capture on this arena each landed entry this session has not captured yet, so that
+        no later chunk pays that capture (a chunk that needs an uncaptured entry still
+        captures it itself).  Never waits: it stops when a build holds the device (that
+        build lets a capture in after its next entry), when ``seconds`` have passed
+        (checked between entries: one capture may run past it), or when nothing is left.
+        Returns the entries captured; ``stats()["background"]`` sums them up
+        (``captured_idle``, ``idle_s``)."""
+        t0 = time.perf_counter()
+        done: list[int] = []
+        with self._exclusive("idle"):
+            self._check_usable("idle")
+            self._before_step()
+            if self._programs is None or self._example_inputs is None or self._eager_reason not in (None, WAITING):
+                return done
+            for index in sorted(self.executable.programs):
+                if index in self._programs or index in self._entry_failures:
+                    continue
+                if seconds is not None and time.perf_counter() - t0 >= seconds:
+                    break
+                with device_work.try_held() as free:
+                    if not free:
+                        break
+                    if self._capture_entry(index, self._example_inputs) is None:
+                        done.append(index)
+            self._idle_captured.extend(done)
+            self._idle_s += time.perf_counter() - t0
+        return done
+
     def _capture_entry(self, index: int, inputs: Mapping[str, torch.Tensor]) -> str | None:
         """Capture entry ``index``'s graphs on this arena now (the live state saved and put back),
         on this session's own capture stream: its first capture warms that stream up."""
@@ -266,10 +300,12 @@ class PendingSession(Session):
     def stats(self) -> dict[str, Any]:
         """``Session.stats()`` plus ``background``: ``taken`` (the executable is this
         session's now), ``taken_at_step`` (chunks that ran before it), ``queued_s`` and
-        ``build_s`` (the worker's), and ``eager_reason`` (why chunks run eagerly now, if they do)."""
+        ``build_s`` (the worker's), ``eager_reason`` (why chunks run eagerly now, if they do),
+        ``captured_idle`` (the entries ``idle`` captured) and ``idle_s`` (its seconds)."""
         out = super().stats()
         out["background"] = {"taken": self._eager_reason is None, "taken_at_step": self._taken_at_step,
                              "first_program_at_step": self._first_program_at_step,
                              "entries_landed": sorted(self.executable.programs),
+                             "captured_idle": sorted(self._idle_captured), "idle_s": round(self._idle_s, 3),
                              **self.build.times(), "eager_reason": self._eager_reason}
         return out

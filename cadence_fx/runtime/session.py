@@ -299,6 +299,14 @@ class Session:
         """Device memory this session holds for its state."""
         return self.arena.nbytes
 
+    def idle(self, seconds: float | None = None) -> list[int]:
+        """Use time between chunks for work a chunk would otherwise pay (``PendingSession``:
+        capturing the entries its build handed over).  Returns the entries captured: none
+        here, where set-up captured every entry."""
+        with self._exclusive("idle"):
+            self._check_usable("idle")
+        return []
+
     def close(self) -> None:
         """Refuse every later step (``SessionClosed``); a step already running finishes."""
         self.closed = True

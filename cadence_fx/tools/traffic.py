@@ -66,6 +66,10 @@ def add_args(p) -> None:
     p.add_argument("--background", action="store_true",
                    help="build each new voice's graphs on a worker thread while its chunks run the exact eager "
                         "path (optimize(..., background=True)); the first voice still builds at its set-up")
+    p.add_argument("--idle", action="store_true",
+                   help="after each chunk, give its session idle time (session.idle(): a background build's "
+                        "landed entries are captured there, not on a chunk), as a server has between a "
+                        "conversation's chunks; timed apart from the chunks (each row's idle_ms)")
     p.add_argument("--out", default=None, help="write traffic.json, traffic.md and traffic.png here")
     p.add_argument("--quiet", action="store_true")
 
@@ -143,7 +147,7 @@ def run(args) -> int:
             elif kind == "reset":
                 _reset(live[c.index])
             else:
-                rows.append(_chunk(live[c.index], c, turn, ch, args.seed, device))
+                rows.append(_chunk(live[c.index], c, turn, ch, args.seed, device, args.idle))
     report = _report(args, rules, convos, live, rows, device, percentile)
     for c in live.values():
         c["session"].close()
@@ -177,7 +181,7 @@ def _reset(c: dict) -> None:
     c["stock"].set_stream_cache(*c["prompt"])  # stock's post-prompt state: set up again
 
 
-def _chunk(c: dict, convo: Conversation, turn: int, ch, seed: int, device) -> dict:
+def _chunk(c: dict, convo: Conversation, turn: int, ch, seed: int, device, idle: bool = False) -> dict:
     import torch
     from ..lockstep import chunk_route, chunk_seed, live_extent, rng_state, set_rng_state, sync
     from ..pcm import pcm_bytes
@@ -204,7 +208,12 @@ def _chunk(c: dict, convo: Conversation, turn: int, ch, seed: int, device) -> di
     if i == 0:
         c["ttfa_ms"] = ((c["setup_s"][0] + t3 - t2) * 1e3, (c["setup_s"][1] + t1 - t0) * 1e3)
     c["chunks"] += 1
+    t4 = time.perf_counter()
+    captured = c["session"].idle() if idle else []  # between this chunk and the conversation's next
+    sync(device)
+    idle_ms = (time.perf_counter() - t4) * 1e3 if idle else None
     return {"conversation": convo.index, "turn": turn, "chunk": i, "tokens": len(tokens), "last": last,
+            "idle_ms": idle_ms, "idle_captured": captured,
             "route": route, "wave_equal": bool(torch.equal(wave, stock_wave)),
             "pcm_equal": pcm_bytes(wave.float().cpu().numpy()) == pcm_bytes(stock_wave.float().cpu().numpy()),
             "state_equal": not bad, "mismatched": bad, "ms": (t3 - t2) * 1e3, "stock_ms": (t1 - t0) * 1e3}
@@ -256,6 +265,8 @@ def _report(args, rules: str, convos, live, rows, device, percentile) -> dict:
         "conversations": len(convos), "chunks": len(rows),
         "exact": all(p["exact"] for p in per), "program_share": prog, "replayed_share": rep,
         "fallbacks": fallbacks(rows), "off_catalog": args.off_catalog, "background": args.background,
+        "idle": args.idle, "idle_s": round(sum(r["idle_ms"] or 0.0 for r in rows) / 1e3, 3),
+        "captured_idle": sum(len(r["idle_captured"]) for r in rows),
         "specializations": _specializations(live),
         "ttfa_ms_p50": round(percentile(ttfa, 50), 1), "stock_ttfa_ms_p50": round(percentile(stock_ttfa, 50), 1),
         "chunk_ms_p50": p50, "chunk_ms_p99": p99, "stock_chunk_ms_p50": s50, "stock_chunk_ms_p99": s99,
@@ -295,6 +306,9 @@ def markdown(report: dict) -> str:
              "", f"fallbacks: {report['fallbacks'] or 'none'}", "",
              f"off-catalog chunks: {report['off_catalog']}; specializations built {report['specializations']['built']} "
              f"in {report['specializations']['build_s']} s, captured in {report['specializations']['capture_s']} s",
+             "", f"background builds: {report['background']}; idle time between chunks: {report['idle']}"
+             + (f" ({report['idle_s']} s in all, {report['captured_idle']} entries captured there)"
+                if report["idle"] else ""),
              "",
              "| conv | prompt | turns | chunks | exact | program | replayed | TTFA ms (stock) | p50/p99 ms |",
              "|---:|---:|---:|---:|---|---:|---:|---:|---:|"]

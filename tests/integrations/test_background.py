@@ -91,9 +91,12 @@ def test_a_new_length_streams_eagerly_until_its_build_lands_then_runs_its_progra
     assert [c["route"] for c in before["per_chunk"] + second["per_chunk"]] == [EAGER] * 2
     assert t2w.opt.stats()["fallbacks"] == {WAITING: 2}
     assert t2w.opt.stats()["background"]["taken"] is False
+    assert t2w.opt.idle() == []  # nothing landed (the build waits at the gate): idle never waits for it
 
     gated.set()
     assert t2w.opt.wait_for_builds(300)
+    assert t2w.opt.idle() == []  # rule S on the CPU: nothing to capture
+    assert t2w.opt.stats()["background"]["captured_idle"] == []
     assert sys.getswitchinterval() == switch  # the last build ended
     after = _compare(t2w, chunks[2:], seed=372)  # the switch happens at this call's first chunk
     routes = [c["route"] for c in after["per_chunk"]]
@@ -360,3 +363,48 @@ def test_on_cuda_each_entry_is_captured_when_a_chunk_first_needs_it_and_replays_
         assert stats["fallbacks"][WAITING] == 1 and stats["fallbacks"][device_work.DEFERRED] == 1, stats
         assert stats["background"]["taken_at_step"] == 1 and stats["setup_s"]["capture_s"] > 0
         assert sorted(opt.session._programs) == [2] and opt.session.capture_failures == {2: {}}
+
+
+@cuda
+def test_on_cuda_idle_time_captures_the_landed_entries_so_no_chunk_pays_a_capture():
+    """``idle()`` between two chunks captures every entry the build handed over, on the
+    session's arena (the live state saved and put back): the chunks after it replay at
+    once, none captures, every one exact against stock.  While another build holds the
+    device, ``idle()`` returns at once and captures nothing."""
+    from cadence_fx.runtime import device_work
+    with deterministic_protocol_restored():
+        dev = torch.device("cuda")
+        flow, hift = s2.build_modules(0)
+        tail = s2.Token2WavTail(flow.cuda(), hift.cuda(), n_timesteps=5)
+        opt = cadence_fx.optimize(tail, rules="SRc", background=True)
+        first = s2.synthetic_prompt(23, seed=23, device="cuda")
+        tail.set_stream_cache(*first)
+        opt.set_stream_cache(*first)  # the first length compiles in the foreground (it traces)
+        prompt = s2.synthetic_prompt(47, seed=47, device="cuda")
+        tail.set_stream_cache(*prompt)
+        opt.set_stream_cache(*prompt)
+        assert isinstance(opt.session, PendingSession)
+        chunks = s2.synthetic_chunks(6, seed=47, final_tokens=13)
+        before = compare_streams(tail, opt, chunks[:1], dev, seed=471)  # eager; the build starts after it
+        assert before["exact"], before["mismatches"]
+        assert opt.wait_for_builds(300)
+        held = []
+        with device_work.LOCK:  # as if another voice's build held the device: idle() does not wait
+            worker = threading.Thread(target=lambda: held.append((opt.idle(), time.perf_counter())))
+            t0 = time.perf_counter()
+            worker.start()
+            worker.join(60)
+        assert held and held[0][0] == [] and held[0][1] - t0 < 5.0, held
+        assert opt.idle() == [0, 1, 2]  # every entry, captured between two chunks
+        capture_s = opt.session._stats.setup.capture_s
+        assert opt.idle() == []  # nothing left
+        report = compare_streams(tail, opt, chunks[1:], dev, seed=472)
+        assert report["exact"], report["mismatches"]
+        assert report["pcm_sha256_stock"] == report["pcm_sha256_optimized"]
+        routes = [c["route"] for c in report["per_chunk"]]
+        assert routes == ["replay entry 1"] + ["replay entry 2"] * 3 + [FLUSH], routes
+        assert opt.session._stats.setup.capture_s == capture_s  # no chunk captured anything
+        stats = opt.stats()
+        assert stats["fallbacks"] == {WAITING: 1, "flags last_chunk outside the catalog (eager)": 1}, stats
+        assert stats["background"]["captured_idle"] == [0, 1, 2] and stats["background"]["idle_s"] > 0
+        assert opt.session.capture_failures == {0: {}, 1: {}, 2: {}}

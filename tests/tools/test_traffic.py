@@ -49,7 +49,7 @@ def test_traffic_is_exact_and_every_chunk_runs_the_program(small, capsys, tmp_pa
     turns; every chunk of both conversations runs the traced program."""
     code = cli.main(["traffic", "--model", SMALL, "--n-timesteps", "2", "--conversations", "2", "--turns", "2",
                      "--prompt-range", "5,6", "--steady-range", "2,3", "--window-range", "8,10", "--flush-range",
-                     "3,5", "--json", "--quiet", "--out", str(tmp_path)])
+                     "3,5", "--idle", "--json", "--quiet", "--out", str(tmp_path)])
     out = capsys.readouterr()
     report = json.loads(out.out.strip().splitlines()[-1])
     assert code == 0 and report["exact"] is True, report
@@ -64,6 +64,9 @@ def test_traffic_is_exact_and_every_chunk_runs_the_program(small, capsys, tmp_pa
     assert report["program_share"] == 1.0 and report["fallbacks"] == {}
     assert report["replayed_share"] == 0.0  # rule S on the CPU replays nothing
     assert report["off_catalog"] == "specialize"
+    # --idle: each session had time after each chunk; rule S on the CPU has nothing to capture there
+    assert report["idle"] is True and report["captured_idle"] == 0
+    assert all(r["idle_ms"] is not None and r["idle_captured"] == [] for r in rows)
     # one program per voice and end-of-turn shape; its symbolic steps: one per flag, any length
     shapes = {(r["conversation"], r["tokens"], r["last"]) for r in ends}
     assert report["specializations"]["built"] == len(shapes) and report["specializations"]["refused"] == {}
