@@ -67,9 +67,9 @@ def add_args(p) -> None:
                    help="build each new voice's graphs on a worker thread while its chunks run the exact eager "
                         "path (optimize(..., background=True)); the first voice still builds at its set-up")
     p.add_argument("--idle", action="store_true",
-                   help="after each chunk, give its session idle time (session.idle(): a background build's "
-                        "landed entries are captured there, not on a chunk), as a server has between a "
-                        "conversation's chunks; timed apart from the chunks (each row's idle_ms)")
+                   help="after each event, give every live session idle time (session.idle(): a background "
+                        "build's landed entries are captured there, not on a chunk), as a server has between a "
+                        "conversation's chunks; timed apart from the chunks (report: idle_s, captured_idle)")
     p.add_argument("--out", default=None, help="write traffic.json, traffic.md and traffic.png here")
     p.add_argument("--quiet", action="store_true")
 
@@ -133,6 +133,7 @@ def run(args) -> int:
         torch.cuda.reset_peak_memory_stats(device)
     live: dict[int, dict[str, Any]] = {}
     rows: list[dict] = []
+    idle: list[tuple[float, int]] = []  # per event under --idle: (seconds, entries captured)
     # round robin: every live conversation takes one event per tick (open, a chunk, or a reset)
     events = {c.index: [("open", None, None)] + [ev for t, turn in enumerate(c.turns)
                                                   for ev in ([("reset", t, None)] if t else []) +
@@ -147,8 +148,10 @@ def run(args) -> int:
             elif kind == "reset":
                 _reset(live[c.index])
             else:
-                rows.append(_chunk(live[c.index], c, turn, ch, args.seed, device, args.idle))
-    report = _report(args, rules, convos, live, rows, device, percentile)
+                rows.append(_chunk(live[c.index], c, turn, ch, args.seed, device))
+            if args.idle:  # every other conversation is between two of its chunks now
+                idle.append(_idle(live, device))
+    report = _report(args, rules, convos, live, rows, device, percentile, idle)
     for c in live.values():
         c["session"].close()
     if args.background:
@@ -181,7 +184,16 @@ def _reset(c: dict) -> None:
     c["stock"].set_stream_cache(*c["prompt"])  # stock's post-prompt state: set up again
 
 
-def _chunk(c: dict, convo: Conversation, turn: int, ch, seed: int, device, idle: bool = False) -> dict:
+def _idle(live: dict, device) -> tuple[float, int]:
+    """Idle time for every live session (``session.idle()``): seconds, entries captured."""
+    from ..lockstep import sync
+    t0 = time.perf_counter()
+    captured = sum(len(c["session"].idle()) for c in live.values())
+    sync(device)
+    return time.perf_counter() - t0, captured
+
+
+def _chunk(c: dict, convo: Conversation, turn: int, ch, seed: int, device) -> dict:
     import torch
     from ..lockstep import chunk_route, chunk_seed, live_extent, rng_state, set_rng_state, sync
     from ..pcm import pcm_bytes
@@ -208,18 +220,13 @@ def _chunk(c: dict, convo: Conversation, turn: int, ch, seed: int, device, idle:
     if i == 0:
         c["ttfa_ms"] = ((c["setup_s"][0] + t3 - t2) * 1e3, (c["setup_s"][1] + t1 - t0) * 1e3)
     c["chunks"] += 1
-    t4 = time.perf_counter()
-    captured = c["session"].idle() if idle else []  # between this chunk and the conversation's next
-    sync(device)
-    idle_ms = (time.perf_counter() - t4) * 1e3 if idle else None
     return {"conversation": convo.index, "turn": turn, "chunk": i, "tokens": len(tokens), "last": last,
-            "idle_ms": idle_ms, "idle_captured": captured,
             "route": route, "wave_equal": bool(torch.equal(wave, stock_wave)),
             "pcm_equal": pcm_bytes(wave.float().cpu().numpy()) == pcm_bytes(stock_wave.float().cpu().numpy()),
             "state_equal": not bad, "mismatched": bad, "ms": (t3 - t2) * 1e3, "stock_ms": (t1 - t0) * 1e3}
 
 
-def _report(args, rules: str, convos, live, rows, device, percentile) -> dict:
+def _report(args, rules: str, convos, live, rows, device, percentile, idle=()) -> dict:
     import torch
 
     def shares(rs):
@@ -265,8 +272,7 @@ def _report(args, rules: str, convos, live, rows, device, percentile) -> dict:
         "conversations": len(convos), "chunks": len(rows),
         "exact": all(p["exact"] for p in per), "program_share": prog, "replayed_share": rep,
         "fallbacks": fallbacks(rows), "off_catalog": args.off_catalog, "background": args.background,
-        "idle": args.idle, "idle_s": round(sum(r["idle_ms"] or 0.0 for r in rows) / 1e3, 3),
-        "captured_idle": sum(len(r["idle_captured"]) for r in rows),
+        "idle": args.idle, "idle_s": round(sum(s for s, _ in idle), 3), "captured_idle": sum(n for _, n in idle),
         "specializations": _specializations(live),
         "ttfa_ms_p50": round(percentile(ttfa, 50), 1), "stock_ttfa_ms_p50": round(percentile(stock_ttfa, 50), 1),
         "chunk_ms_p50": p50, "chunk_ms_p99": p99, "stock_chunk_ms_p50": s50, "stock_chunk_ms_p99": s99,

@@ -64,9 +64,8 @@ def test_traffic_is_exact_and_every_chunk_runs_the_program(small, capsys, tmp_pa
     assert report["program_share"] == 1.0 and report["fallbacks"] == {}
     assert report["replayed_share"] == 0.0  # rule S on the CPU replays nothing
     assert report["off_catalog"] == "specialize"
-    # --idle: each session had time after each chunk; rule S on the CPU has nothing to capture there
-    assert report["idle"] is True and report["captured_idle"] == 0
-    assert all(r["idle_ms"] is not None and r["idle_captured"] == [] for r in rows)
+    # --idle: every session had time after each event; rule S on the CPU has nothing to capture there
+    assert report["idle"] is True and report["captured_idle"] == 0 and report["idle_s"] >= 0
     # one program per voice and end-of-turn shape; its symbolic steps: one per flag, any length
     shapes = {(r["conversation"], r["tokens"], r["last"]) for r in ends}
     assert report["specializations"]["built"] == len(shapes) and report["specializations"]["refused"] == {}
