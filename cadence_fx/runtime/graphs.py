@@ -189,13 +189,14 @@ class CapturedRegion(torch.nn.Module):
             except Exception as e:
                 if isinstance(pool, GraphPool):  # the old pool may still be recording: later captures
                     pool.renew()                 # (and the empty one below) go to a fresh one
-                _release_generator(pool_handle(pool), stream)  # the generator state this capture used
                 # A failed capture's graph still counts as a user of the pool.  Kept here, it
                 # is freed with its region's other graphs, never by a garbage collection in
                 # whatever runs later; and the pool keeps a user for the retry and the next
                 # regions' captures (PyTorch asserts when a capture joins a pool that every
-                # graph has released while its memory is still held).
+                # graph has released while its memory is still held).  So is the empty
+                # capture's graph: the first user of a fresh pool.
                 self.failed_graphs.append(graph)
+                self.failed_graphs.append(_release_generator(pool_handle(pool), stream))
                 raise CaptureFailed(f"{self.name}: capture failed: {type(e).__name__}: {e}") from e
         self.graph, self.static_out = graph, out
 
@@ -304,22 +305,25 @@ def capture_entry(parent: torch.fx.GraphModule, args: Sequence[Any], pool, arena
     return failed
 
 
-def _release_generator(pool, stream) -> None:
+def _release_generator(pool, stream) -> "torch.cuda.CUDAGraph":
     """Leave the CUDA generator usable after a capture that raised.
 
     A capture invalidated mid-way (e.g. a kernel that syncs the host) exits without
     the generator's capture epilogue, and every later eager random draw then fails
     ("Offset increment outside graph capture").  An empty capture runs prologue and
-    epilogue once and clears that state.
+    epilogue once and clears that state.  Returns its graph, a user of ``pool`` that
+    the caller keeps (see ``CapturedRegion.capture``).
     """
     import warnings
+    graph = torch.cuda.CUDAGraph()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            with torch.cuda.graph(torch.cuda.CUDAGraph(), pool=pool, stream=stream):
+            with torch.cuda.graph(graph, pool=pool, stream=stream):
                 pass
         except Exception:  # noqa: BLE001 - best effort; the failure itself is already recorded
             pass
+    return graph
 
 
 def capture_variant(program: torch.fx.GraphModule, args: Sequence[Any], pool, arena_ptr: int | None,

@@ -395,6 +395,7 @@ def test_on_cuda_idle_time_captures_the_landed_entries_so_no_chunk_pays_a_captur
             worker.start()
             worker.join(60)
         assert held and held[0][0] == [] and held[0][1] - t0 < 5.0, held
+        assert torch.is_grad_enabled()  # as on a server's thread: idle() captures without autograd
         assert opt.idle() == [0, 1, 2]  # every entry, captured between two chunks
         capture_s = opt.session._stats.setup.capture_s
         assert opt.idle() == []  # nothing left
