@@ -118,11 +118,13 @@ class GraphPool:
     allocator stops recording into its pool: every later capture into that pool then
     raises "beginAllocateToPool: already recording to mempool_id", and
     ``torch._C._cuda_endAllocateToPool`` does not clear it (PyTorch 2.11,
-    ``benchmarks/capture_fault_probe.py``).  So after any failed capture (``renew``) the
-    session's later captures, the failed region's retry among them, go to a fresh
-    pool: one fault leaves one region eager, not every capture after it.  Graphs
-    captured before keep the memory of the pool they were captured into; ``renewed``
-    counts the fresh pools (``Session.stats()["graph_pools_renewed"]``)."""
+    ``benchmarks/capture_fault_probe.py``).  So after a failed capture that left its pool
+    so (``CapturedRegion.capture`` finds out by the empty capture it runs next) the
+    session's later captures, the failed region's retry among them, go to a fresh pool
+    (``renew``): one fault leaves one region eager, not every capture after it.  A
+    capture that raised without invalidating keeps the pool.  Graphs captured before
+    keep the memory of the pool they were captured into; ``renewed`` counts the fresh
+    pools (``Session.stats()["graph_pools_renewed"]``)."""
 
     def __init__(self):
         self.handle = torch.cuda.graph_pool_handle()
@@ -187,16 +189,19 @@ class CapturedRegion(torch.nn.Module):
                 with torch.cuda.graph(graph, pool=pool_handle(pool), stream=stream):
                     out = run_piece(self.piece, call_args)
             except Exception as e:
-                if isinstance(pool, GraphPool):  # the old pool may still be recording: later captures
-                    pool.renew()                 # (and the empty one below) go to a fresh one
                 # A failed capture's graph still counts as a user of the pool.  Kept here, it
                 # is freed with its region's other graphs, never by a garbage collection in
                 # whatever runs later; and the pool keeps a user for the retry and the next
                 # regions' captures (PyTorch asserts when a capture joins a pool that every
-                # graph has released while its memory is still held).  So is the empty
-                # capture's graph: the first user of a fresh pool.
+                # graph has released while its memory is still held).
                 self.failed_graphs.append(graph)
-                self.failed_graphs.append(_release_generator(pool_handle(pool), stream))
+                released, _ = _release_generator(pool_handle(pool), stream)  # the generator state this capture used
+                if not released and isinstance(pool, GraphPool):
+                    # the pool is still recording (an invalidated capture): this session's later
+                    # captures go to a fresh pool, whose first user, kept here, is the empty
+                    # capture that resets the generator
+                    pool.renew()
+                    self.failed_graphs.append(_release_generator(pool_handle(pool), stream)[1])
                 raise CaptureFailed(f"{self.name}: capture failed: {type(e).__name__}: {e}") from e
         self.graph, self.static_out = graph, out
 
@@ -305,14 +310,15 @@ def capture_entry(parent: torch.fx.GraphModule, args: Sequence[Any], pool, arena
     return failed
 
 
-def _release_generator(pool, stream) -> "torch.cuda.CUDAGraph":
+def _release_generator(pool, stream) -> "tuple[bool, torch.cuda.CUDAGraph]":
     """Leave the CUDA generator usable after a capture that raised.
 
     A capture invalidated mid-way (e.g. a kernel that syncs the host) exits without
     the generator's capture epilogue, and every later eager random draw then fails
     ("Offset increment outside graph capture").  An empty capture runs prologue and
-    epilogue once and clears that state.  Returns its graph, a user of ``pool`` that
-    the caller keeps (see ``CapturedRegion.capture``).
+    epilogue once and clears that state.  Returns whether it ran (it cannot where the
+    invalidated capture left ``pool`` recording) and its graph, a user of ``pool``
+    where it ran (``CapturedRegion.capture`` keeps it when ``pool`` is a fresh one).
     """
     import warnings
     graph = torch.cuda.CUDAGraph()
@@ -322,8 +328,8 @@ def _release_generator(pool, stream) -> "torch.cuda.CUDAGraph":
             with torch.cuda.graph(graph, pool=pool, stream=stream):
                 pass
         except Exception:  # noqa: BLE001 - best effort; the failure itself is already recorded
-            pass
-    return graph
+            return False, graph
+    return True, graph
 
 
 def capture_variant(program: torch.fx.GraphModule, args: Sequence[Any], pool, arena_ptr: int | None,
