@@ -212,6 +212,7 @@ class DropIn:
             session.adopt_setup(self.session)
         self.session = session
 
+    @torch.inference_mode()  # as the family's steps run (see StreamSession.idle)
     def idle(self, seconds: float | None = None) -> list[int]:
         """Give the default stream time between chunks (``StreamSession.idle``): with
         ``background=True``, capture the entries a build handed over before a chunk needs

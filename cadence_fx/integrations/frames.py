@@ -106,6 +106,7 @@ class StreamSession:
             self.session.restore(snapshot)
         self.last_speech = None
 
+    @torch.inference_mode()  # as the family's steps run: the arena and the build's tensors are inference tensors
     def idle(self, seconds: float | None = None) -> list[int]:
         """Give the session time between chunks: a session whose graphs a background build
         is making captures, now, the catalog entries that landed, so that no chunk pays

@@ -140,6 +140,10 @@ def pool_handle(pool: "GraphPool | Any") -> Any:
     return pool.handle if isinstance(pool, GraphPool) else pool
 
 
+#: graphs of captures the device invalidated, kept for the process's life (``CapturedRegion.capture``)
+_INVALIDATED: list = []
+
+
 class CapturedRegion(torch.nn.Module):
     """One CUDA graph for one piece of one catalog entry."""
 
@@ -196,12 +200,18 @@ class CapturedRegion(torch.nn.Module):
                 # graph has released while its memory is still held).
                 self.failed_graphs.append(graph)
                 released, _ = _release_generator(pool_handle(pool), stream)  # the generator state this capture used
-                if not released and isinstance(pool, GraphPool):
-                    # the pool is still recording (an invalidated capture): this session's later
-                    # captures go to a fresh pool, whose first user, kept here, is the empty
-                    # capture that resets the generator
-                    pool.renew()
-                    self.failed_graphs.append(_release_generator(pool_handle(pool), stream)[1])
+                if not released:
+                    # An invalidated capture: PyTorch's allocator keeps recording into its pool,
+                    # with a filter that reads this graph object, and calls that filter at every
+                    # later allocation of the process.  Freed (with its session), the graph would
+                    # leave the filter dangling: the worker of a GPU test after one aborted.  So
+                    # it is kept for the process's life (one small object per such fault).
+                    _INVALIDATED.append(graph)
+                    if isinstance(pool, GraphPool):
+                        # this session's later captures go to a fresh pool, whose first user,
+                        # kept here, is the empty capture that resets the generator
+                        pool.renew()
+                        self.failed_graphs.append(_release_generator(pool_handle(pool), stream)[1])
                 raise CaptureFailed(f"{self.name}: capture failed: {type(e).__name__}: {e}") from e
         self.graph, self.static_out = graph, out
 

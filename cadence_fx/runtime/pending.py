@@ -247,7 +247,7 @@ class PendingSession(Session):
         with device_work.try_held() as free:  # mid-stream: never wait for another build
             return self._capture_entry(entry.index, inputs) if free else device_work.DEFERRED
 
-    @torch.no_grad()  # as prepare_replay: the caller's thread may have grad on (the build's are inference tensors)
+    @torch.no_grad()  # as prepare_replay; the family wrappers (StreamSession.idle) add inference mode, as their steps
     def idle(self, seconds: float | None = None) -> list[int]:
         """Between chunks, on the caller's thread: take what the build handed over, and
         capture on this arena each landed entry this session has not captured yet, so that
