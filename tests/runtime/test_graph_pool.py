@@ -1,0 +1,100 @@
+"""``graphs.GraphPool`` and ``CapturedRegion.capture``'s failure path, on the CPU with
+``torch.cuda.graph`` faked as PyTorch 2.11 behaves (``benchmarks/capture_fault_probe.py``):
+a capture the device invalidates leaves its pool recording, and every later capture
+into that pool fails at its start ("already recording to mempool_id"); a capture that
+raised without invalidating leaves its pool usable.  The CUDA test is
+``tests/runtime/test_capture_warmup.py::test_an_invalidated_capture_*``."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from cadence_fx.runtime import graphs
+from cadence_fx.runtime.graphs import CaptureFailed, CapturedRegion, GraphPool
+
+
+class _Graph:
+    """Stands for ``torch.cuda.CUDAGraph``."""
+
+
+class _Piece(torch.nn.Module):
+    def __init__(self, fault: str | None = None):
+        super().__init__()
+        self.fault = fault
+
+    def forward(self, x):
+        if self.fault is not None:
+            raise RuntimeError(self.fault)
+        return x * 2
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """``torch.cuda.graph`` as PyTorch 2.11 behaves; returns the set of pools left recording."""
+    handles = iter(range(1000))
+    recording: set = set()
+
+    @contextlib.contextmanager
+    def graph(cuda_graph, pool=None, stream=None):
+        if pool in recording:
+            raise RuntimeError("beginAllocateToPool: already recording to mempool_id")
+        try:
+            yield
+        except RuntimeError as e:
+            if "invalidated" in str(e):  # cudaStreamEndCapture fails before the pool is released
+                recording.add(pool)
+            raise
+
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: ("pool", next(handles)))
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _Graph)
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+    return recording
+
+
+def test_an_invalidated_capture_moves_the_later_captures_to_a_fresh_pool(fake_cuda, monkeypatch):
+    kept = []
+    monkeypatch.setattr(graphs, "_INVALIDATED", kept)
+    pool = GraphPool()
+    first = pool.handle
+    bad = CapturedRegion(_Piece("capture invalidated by a host sync"), [False], name="bad")
+    with pytest.raises(CaptureFailed, match="capture invalidated"):
+        bad.capture([torch.ones(2)], pool, stream=None)
+    assert first in fake_cuda and pool.handle != first and pool.renewed == 1
+    # the failed graph (kept for the process: the allocator's stale filter reads it) and the
+    # empty capture that reset the generator in the fresh pool (that pool's first user)
+    assert len(bad.failed_graphs) == 2 and kept == [bad.failed_graphs[0]]
+    good = CapturedRegion(_Piece(), [False], name="good")
+    good.capture([torch.ones(2)], pool, stream=None)  # into the fresh pool
+    assert isinstance(good.graph, _Graph) and torch.equal(good.static_out, torch.full((2,), 2.0))
+    # the old pool would have refused it
+    with pytest.raises(CaptureFailed, match="already recording"):
+        CapturedRegion(_Piece(), [False], name="late").capture([torch.ones(2)], first, stream=None)
+
+
+def test_a_capture_that_raised_without_invalidating_keeps_its_pool(fake_cuda, monkeypatch):
+    kept = []
+    monkeypatch.setattr(graphs, "_INVALIDATED", kept)
+    pool = GraphPool()
+    first = pool.handle
+    bad = CapturedRegion(_Piece("initialized on first use, under capture"), [False], name="bad")
+    with pytest.raises(CaptureFailed, match="initialized on first use"):
+        bad.capture([torch.ones(2)], pool, stream=None)
+    assert pool.handle == first and pool.renewed == 0 and not fake_cuda
+    assert len(bad.failed_graphs) == 1 and kept == []  # the failed graph, held with the region
+    good = CapturedRegion(_Piece(), [False], name="good")
+    good.capture([torch.ones(2)], pool, stream=None)
+    assert isinstance(good.graph, _Graph)
+
+
+def test_a_raw_pool_handle_is_used_as_given(fake_cuda, monkeypatch):
+    """Callers that pass a handle (not a ``GraphPool``) keep it: nothing to renew."""
+    monkeypatch.setattr(graphs, "_INVALIDATED", [])
+    handle = torch.cuda.graph_pool_handle()
+    bad = CapturedRegion(_Piece("capture invalidated"), [False], name="bad")
+    with pytest.raises(CaptureFailed):
+        bad.capture([torch.ones(2)], handle, stream=None)
+    assert handle in fake_cuda and len(bad.failed_graphs) == 1
+    assert graphs.pool_handle(handle) is handle
