@@ -83,6 +83,22 @@ class Replica:
         """A new turn of the conversation: its state right after its prompt's set-up."""
         self._session(conversation).reset()
 
+    def idle(self, seconds: float | None = None) -> dict[Hashable, list[int]]:
+        """Time between ticks for the conversations' sessions (``StreamSession.idle``): a
+        new voice's entries that a background build handed over are captured here rather
+        than on its next chunk.  Never waits for a build; ``seconds`` bounds the whole call
+        (checked between entries).  Returns id -> the entries captured (only ids with some)."""
+        import time
+        t0, out = time.perf_counter(), {}
+        for conversation, session in list(self._sessions.items()):
+            left = None if seconds is None else seconds - (time.perf_counter() - t0)
+            if left is not None and left <= 0:
+                break
+            captured = session.idle(left)
+            if captured:
+                out[conversation] = captured
+        return out
+
     def close(self, conversation: Hashable) -> dict:
         """End the conversation (its memory is freed); returns its final counters."""
         session = self._session(conversation)
@@ -166,6 +182,17 @@ class Router:
 
     def reset(self, conversation: Hashable) -> None:
         self._replica(conversation).reset(conversation)
+
+    def idle(self, seconds: float | None = None) -> dict[Hashable, list[int]]:
+        """``Replica.idle`` on every live replica in turn (``seconds`` bounds the whole call)."""
+        import time
+        t0, out = time.perf_counter(), {}
+        for i, replica in enumerate(self.replicas):
+            left = None if seconds is None else seconds - (time.perf_counter() - t0)
+            if i in self._lost or (left is not None and left <= 0):
+                continue
+            out.update(replica.idle(left))
+        return out
 
     def close(self, conversation: Hashable) -> dict:
         stats = self._replica(conversation).close(conversation)

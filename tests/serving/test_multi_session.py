@@ -416,6 +416,7 @@ def test_a_replica_serves_conversations_by_id_and_refuses_when_full(t2w):
     assert_chunk_exact(refs[2], 0, replica._sessions["c2"].last_speech, replica._sessions["c2"].state(), "c2 chunk 0")
     assert_chunk_exact(refs[1], 1, replica._sessions["c1"].last_speech, replica._sessions["c1"].state(), "c1 chunk 1")
     assert list(out) == ["c2", "c1"] and out["c2"] == pcm_bytes(refs[2]["waves"][0].numpy())
+    assert replica.idle() == {}  # set up in the foreground: nothing to capture between ticks
 
     # a bad chunk: refused with the library's error, the conversation unchanged
     before = snapshot(replica._sessions["c2"])
@@ -473,3 +474,31 @@ def test_the_router_keeps_each_conversation_on_its_replica_and_a_lost_one_fails_
     for r in router.replicas:
         for c in r.conversations():
             r.close(c)
+
+
+def test_replica_and_router_idle_give_each_session_the_time_left():
+    """``Replica.idle`` gives each conversation's session ``idle()`` in turn with what is
+    left of ``seconds`` and stops when none is; ``Router.idle`` does so over its live
+    replicas.  Only conversations that captured something are reported."""
+    import time
+
+    class Session:
+        def __init__(self, captures, cost=0.0):
+            self.captures, self.cost, self.calls = captures, cost, []
+
+        def idle(self, seconds=None):
+            self.calls.append(seconds)
+            time.sleep(self.cost)
+            return list(self.captures)
+
+    a, b, c = Session([0, 1], cost=0.05), Session([]), Session([2])
+    first, second = Replica(object(), 4, "r0"), Replica(object(), 4, "r1")
+    first._sessions.update({"a": a, "b": b})
+    second._sessions.update({"c": c})
+    assert first.idle() == {"a": [0, 1]} and a.calls == [None] and b.calls == [None]
+    assert first.idle(0.01) == {"a": [0, 1]}  # a's idle used the time up: b gets none
+    assert a.calls[-1] == pytest.approx(0.01, abs=0.01) and b.calls == [None]
+    router = Router([first, second])
+    assert router.idle() == {"a": [0, 1], "c": [2]}
+    router.mark_lost("r1")
+    assert router.idle() == {"a": [0, 1]} and len(c.calls) == 1  # a lost replica is left alone
