@@ -9,6 +9,8 @@ is exact against stock.
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -105,11 +107,13 @@ def test_an_invalidated_capture_leaves_one_region_eager_and_the_later_captures_t
         return real(piece, args)
 
     monkeypatch.setattr(graphs, "run_piece", run_piece)
+    invalidated = len(graphs._INVALIDATED)
     prompt = toy_prompt(2).to(dev)
     session = adapter.open_session(exe, prompt)
     monkeypatch.undo()
 
     assert len(attempts) == 2  # captured unwarmed, then again after the warm-up: both invalidated
+    assert len(graphs._INVALIDATED) == invalidated + 2  # both graphs kept for the process's life
     assert set(session.capture_failures) == {0, 1, 2}
     assert session.capture_failures[0] == {} and session.capture_failures[2] == {}
     assert list(session.capture_failures[1]) == [faulty.name]
@@ -131,3 +135,23 @@ def test_an_invalidated_capture_leaves_one_region_eager_and_the_later_captures_t
     entry1_steps = stats["replays"].get("1", 0) + stats["graph_runs"].get("1", 0)
     assert entry1_steps >= 1
     assert stats["fallbacks"] == {f"region refused replay: {faulty.name}: not captured": entry1_steps}
+
+    # the process stays healthy once the session is gone: the allocator's stale recording
+    # entries read the kept graphs, never freed memory (a freed one's address taken by a new
+    # graph made a later capture's allocations go to the dead pool: a worker aborted)
+    del session, faulty_now, others
+    gc.collect()
+    for k in range(3):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        x = torch.full((4,), float(k), device=dev)
+        with torch.cuda.stream(side):
+            x * 2  # warm the stream
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=side):
+            y = x * 3
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, torch.full((4,), 3.0 * k, device=dev))
+        del graph, y
+        gc.collect()
