@@ -87,14 +87,20 @@ class Replica:
         """Time between ticks for the conversations' sessions (``StreamSession.idle``): a
         new voice's entries that a background build handed over are captured here rather
         than on its next chunk.  Never waits for a build; ``seconds`` bounds the whole call
-        (checked between entries).  Returns id -> the entries captured (only ids with some)."""
+        (checked between entries).  Returns id -> the entries captured (only ids with some).
+        A conversation whose session refuses (busy in another thread, or broken by a failed
+        step until it is restored) is left for its own next call to report."""
         import time
+        from ..errors import SessionBroken, SessionBusy
         t0, out = time.perf_counter(), {}
         for conversation, session in list(self._sessions.items()):
             left = None if seconds is None else seconds - (time.perf_counter() - t0)
             if left is not None and left <= 0:
                 break
-            captured = session.idle(left)
+            try:
+                captured = session.idle(left)
+            except (SessionBusy, SessionBroken):
+                continue
             if captured:
                 out[conversation] = captured
         return out

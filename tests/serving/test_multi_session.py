@@ -498,6 +498,13 @@ def test_replica_and_router_idle_give_each_session_the_time_left():
     assert first.idle() == {"a": [0, 1]} and a.calls == [None] and b.calls == [None]
     assert first.idle(0.01) == {"a": [0, 1]}  # a's idle used the time up: b gets none
     assert a.calls[-1] == pytest.approx(0.01, abs=0.01) and b.calls == [None]
+    class Broken:
+        def idle(self, seconds=None):
+            raise cadence_fx.errors.SessionBroken("idle() refused: a step of this session failed part-way")
+
+    first._sessions["z"] = Broken()  # left for its own next call to report; the others still get their time
+    assert first.idle() == {"a": [0, 1]} and len(b.calls) == 2
+    del first._sessions["z"]
     router = Router([first, second])
     assert router.idle() == {"a": [0, 1], "c": [2]}
     router.mark_lost("r1")
