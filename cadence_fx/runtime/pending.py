@@ -242,10 +242,16 @@ class PendingSession(Session):
         why = super()._admit(entry, inputs)
         if why is not None or self._programs is None or entry.index in self._programs:
             return why
-        if entry.index in self._entry_failures:
-            return self._entry_failures[entry.index]
-        with device_work.try_held() as free:  # mid-stream: never wait for another build
-            return self._capture_entry(entry.index, inputs) if free else device_work.DEFERRED
+        return self._try_capture(entry.index, inputs)
+
+    def _try_capture(self, index: int, inputs: Mapping[str, torch.Tensor]) -> str | None:
+        """Capture entry ``index`` (not captured here yet) now unless a build holds the
+        device (``device_work.DEFERRED``: never wait for it) or its capture failed before
+        (that reason); None once captured."""
+        if index in self._entry_failures:
+            return self._entry_failures[index]
+        with device_work.try_held() as free:
+            return self._capture_entry(index, inputs) if free else device_work.DEFERRED
 
     @torch.no_grad()  # as prepare_replay; the family wrappers (StreamSession.idle) add inference mode, as their steps
     def idle(self, seconds: float | None = None) -> list[int]:
@@ -269,11 +275,11 @@ class PendingSession(Session):
                     continue
                 if seconds is not None and time.perf_counter() - t0 >= seconds:
                     break
-                with device_work.try_held() as free:
-                    if not free:
-                        break
-                    if self._capture_entry(index, self._example_inputs) is None:
-                        done.append(index)
+                why = self._try_capture(index, self._example_inputs)
+                if why == device_work.DEFERRED:
+                    break
+                if why is None:
+                    done.append(index)
             self._idle_captured.extend(done)
             self._idle_s += time.perf_counter() - t0
         return done

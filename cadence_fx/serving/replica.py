@@ -17,6 +17,7 @@ are the library's own, so a client sees the same message either way.
 from __future__ import annotations
 
 import hashlib
+import time
 from typing import Any, Callable, Collection, Hashable, Sequence
 
 from ..errors import CadenceError, InputError
@@ -90,11 +91,10 @@ class Replica:
         (checked between entries).  Returns id -> the entries captured (only ids with some).
         A conversation whose session refuses (busy in another thread, or broken by a failed
         step until it is restored) is left for its own next call to report."""
-        import time
         from ..errors import SessionBroken, SessionBusy
         t0, out = time.perf_counter(), {}
         for conversation, session in list(self._sessions.items()):
-            left = None if seconds is None else seconds - (time.perf_counter() - t0)
+            left = _time_left(seconds, t0)
             if left is not None and left <= 0:
                 break
             try:
@@ -132,6 +132,11 @@ class Replica:
             raise UnknownConversation(f"no conversation {conversation!r} is open on {self.name}; open it first "
                                       f"(or it was closed)")
         return self._sessions[conversation]
+
+
+def _time_left(seconds: float | None, since: float) -> float | None:
+    """What is left of a ``seconds`` budget started at ``since`` (None: no bound)."""
+    return None if seconds is None else seconds - (time.perf_counter() - since)
 
 
 def _known(conversation: Hashable, table: dict) -> bool:
@@ -191,13 +196,13 @@ class Router:
 
     def idle(self, seconds: float | None = None) -> dict[Hashable, list[int]]:
         """``Replica.idle`` on every live replica in turn (``seconds`` bounds the whole call)."""
-        import time
         t0, out = time.perf_counter(), {}
         for i, replica in enumerate(self.replicas):
-            left = None if seconds is None else seconds - (time.perf_counter() - t0)
-            if i in self._lost or (left is not None and left <= 0):
-                continue
-            out.update(replica.idle(left))
+            left = _time_left(seconds, t0)
+            if left is not None and left <= 0:
+                break
+            if i not in self._lost:
+                out.update(replica.idle(left))
         return out
 
     def close(self, conversation: Hashable) -> dict:

@@ -29,11 +29,22 @@ def _regions(program):
     return [m for m in program.run.children() if isinstance(m, CapturedRegion) and not m.trivial]
 
 
+def _stream_exact_against_stock(session, prompt, seed: int) -> None:
+    """Six steps of ``session`` in lockstep with the stock toy set up from ``prompt``."""
+    from helpers.toy_models import assert_lockstep_exact, make_toy, toy_inputs
+    dev = prompt.device
+    stock = make_toy(4).to(dev)
+    with torch.no_grad():
+        stock_state = stock.setup(prompt)
+    inputs = [{k: v.to(dev) for k, v in x.items()} for x in toy_inputs(6, seed=seed)]
+    assert_lockstep_exact(stock, stock_state, session, inputs, 2)
+
+
 @cuda
 def test_later_entries_capture_unwarmed_and_a_failed_one_is_warmed_up_and_captured_again(monkeypatch, deterministic):
     from cadence_fx.compiler import compile_executable
     from cadence_fx.runtime import graphs
-    from helpers.toy_models import ToyAdapter, assert_lockstep_exact, make_toy, toy_inputs, toy_prompt
+    from helpers.toy_models import ToyAdapter, make_toy, toy_prompt
 
     dev = torch.device("cuda")
     adapter = ToyAdapter(make_toy(4).to(dev), 2)
@@ -71,11 +82,7 @@ def test_later_entries_capture_unwarmed_and_a_failed_one_is_warmed_up_and_captur
         assert eager_runs.count(id(m.piece)) == 1 and captures.count(id(m.piece)) == 1
     assert session.stats()["graph_pools_renewed"] == 0  # a capture that raised leaves its pool usable
 
-    stock = make_toy(4).to(dev)
-    with torch.no_grad():
-        stock_state = stock.setup(prompt)
-    inputs = [{k: v.to(dev) for k, v in x.items()} for x in toy_inputs(6, seed=3)]
-    assert_lockstep_exact(stock, stock_state, session, inputs, 2)
+    _stream_exact_against_stock(session, prompt, seed=3)
     stats = session.stats()
     assert not stats["fallbacks"], stats["fallbacks"]
     assert stats["capture_retried"] == {f"1/{m.name}": m.unwarmed_failure for m in failed_once}
@@ -92,7 +99,7 @@ def test_an_invalidated_capture_leaves_one_region_eager_and_the_later_captures_t
     other region of every entry is captured and replays; the stream is exact."""
     from cadence_fx.compiler import compile_executable
     from cadence_fx.runtime import graphs
-    from helpers.toy_models import ToyAdapter, assert_lockstep_exact, make_toy, toy_inputs, toy_prompt
+    from helpers.toy_models import ToyAdapter, make_toy, toy_prompt
 
     dev = torch.device("cuda")
     adapter = ToyAdapter(make_toy(4).to(dev), 2)
@@ -124,11 +131,7 @@ def test_an_invalidated_capture_leaves_one_region_eager_and_the_later_captures_t
     faulty_now = _regions(session._programs[1])[0]
     assert len(faulty_now.failed_graphs) == 4  # each failed capture and the fresh pool's empty first user
 
-    stock = make_toy(4).to(dev)
-    with torch.no_grad():
-        stock_state = stock.setup(prompt)
-    inputs = [{k: v.to(dev) for k, v in x.items()} for x in toy_inputs(6, seed=4)]
-    assert_lockstep_exact(stock, stock_state, session, inputs, 2)
+    _stream_exact_against_stock(session, prompt, seed=4)
     stats = session.stats()
     assert stats["replays"].get("0", 0) >= 1 and stats["replays"].get("2", 0) >= 1, stats["replays"]
     # each step of entry 1 (a replay if it has other regions, else a graph run) ran the faulty region eagerly

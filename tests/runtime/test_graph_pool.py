@@ -54,14 +54,26 @@ def fake_cuda(monkeypatch):
     return recording
 
 
-def test_an_invalidated_capture_moves_the_later_captures_to_a_fresh_pool(fake_cuda, monkeypatch):
-    kept = []
+@pytest.fixture
+def kept(monkeypatch):
+    """``graphs._INVALIDATED`` for this test alone: the graphs it keeps for the process."""
+    kept: list = []
     monkeypatch.setattr(graphs, "_INVALIDATED", kept)
+    return kept
+
+
+def _fail_once(why: str) -> tuple[GraphPool, object, CapturedRegion]:
+    """A session's pool, its first handle, and a region whose capture failed with ``why``."""
     pool = GraphPool()
     first = pool.handle
-    bad = CapturedRegion(_Piece("capture invalidated by a host sync"), [False], name="bad")
-    with pytest.raises(CaptureFailed, match="capture invalidated"):
+    bad = CapturedRegion(_Piece(why), [False], name="bad")
+    with pytest.raises(CaptureFailed, match=why):
         bad.capture([torch.ones(2)], pool, stream=None)
+    return pool, first, bad
+
+
+def test_an_invalidated_capture_moves_the_later_captures_to_a_fresh_pool(fake_cuda, kept):
+    pool, first, bad = _fail_once("capture invalidated by a host sync")
     assert first in fake_cuda and pool.handle != first and pool.renewed == 1
     # the failed graph (kept for the process: the allocator's stale filter reads it) and the
     # empty capture that reset the generator in the fresh pool (that pool's first user)
@@ -74,14 +86,8 @@ def test_an_invalidated_capture_moves_the_later_captures_to_a_fresh_pool(fake_cu
         CapturedRegion(_Piece(), [False], name="late").capture([torch.ones(2)], first, stream=None)
 
 
-def test_a_capture_that_raised_without_invalidating_keeps_its_pool(fake_cuda, monkeypatch):
-    kept = []
-    monkeypatch.setattr(graphs, "_INVALIDATED", kept)
-    pool = GraphPool()
-    first = pool.handle
-    bad = CapturedRegion(_Piece("initialized on first use, under capture"), [False], name="bad")
-    with pytest.raises(CaptureFailed, match="initialized on first use"):
-        bad.capture([torch.ones(2)], pool, stream=None)
+def test_a_capture_that_raised_without_invalidating_keeps_its_pool(fake_cuda, kept):
+    pool, first, bad = _fail_once("initialized on first use, under capture")
     assert pool.handle == first and pool.renewed == 0 and not fake_cuda
     assert len(bad.failed_graphs) == 1 and kept == []  # the failed graph, held with the region
     good = CapturedRegion(_Piece(), [False], name="good")
@@ -89,9 +95,8 @@ def test_a_capture_that_raised_without_invalidating_keeps_its_pool(fake_cuda, mo
     assert isinstance(good.graph, _Graph)
 
 
-def test_a_raw_pool_handle_is_used_as_given(fake_cuda, monkeypatch):
+def test_a_raw_pool_handle_is_used_as_given(fake_cuda, kept):
     """Callers that pass a handle (not a ``GraphPool``) keep it: nothing to renew."""
-    monkeypatch.setattr(graphs, "_INVALIDATED", [])
     handle = torch.cuda.graph_pool_handle()
     bad = CapturedRegion(_Piece("capture invalidated"), [False], name="bad")
     with pytest.raises(CaptureFailed):
