@@ -60,7 +60,7 @@ from ..foreground import background
 from ..plan import CatalogEntry
 from . import device_work
 from .counters import SetupTimes
-from .session import Executable, Session
+from .session import Executable, Session, check_idle_seconds
 
 #: the counted reason of a chunk that ran before its executable was ready
 WAITING = "building in the background (eager until ready)"
@@ -263,6 +263,7 @@ class PendingSession(Session):
         (checked between entries: one capture may run past it), or when nothing is left.
         Returns the entries captured; ``stats()["background"]`` sums them up
         (``captured_idle``, ``idle_s``)."""
+        check_idle_seconds(seconds)
         t0 = time.perf_counter()
         done: list[int] = []
         with self._exclusive("idle"):
@@ -271,7 +272,7 @@ class PendingSession(Session):
             if self._programs is None or self._example_inputs is None or self._eager_reason not in (None, WAITING):
                 return done
             for index in sorted(self.executable.programs):
-                if index in self._programs or index in self._entry_failures:
+                if index in self._programs:
                     continue
                 if seconds is not None and time.perf_counter() - t0 >= seconds:
                     break

@@ -103,6 +103,13 @@ class Executable:
 FallbackFn = Callable[..., tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]]
 
 
+def check_idle_seconds(seconds: Any) -> None:
+    """``idle(seconds)`` takes None (no bound) or a number of seconds >= 0."""
+    if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
+                                or not seconds >= 0):
+        raise InputError(f"idle(seconds=...) takes None (no bound) or a number of seconds >= 0; got {seconds!r}")
+
+
 class Session:
     """One stream: its arena, its clock position and its counters.
 
@@ -303,6 +310,7 @@ class Session:
         """Use time between chunks for work a chunk would otherwise pay (``PendingSession``:
         capturing the entries its build handed over).  Returns the entries captured: none
         here, where set-up captured every entry."""
+        check_idle_seconds(seconds)
         with self._exclusive("idle"):
             self._check_usable("idle")
         return []

@@ -21,6 +21,7 @@ import time
 from typing import Any, Callable, Collection, Hashable, Sequence
 
 from ..errors import CadenceError, InputError
+from ..runtime.session import check_idle_seconds
 from .tick import TickError, run_tick
 
 
@@ -92,6 +93,7 @@ class Replica:
         A conversation whose session refuses (busy in another thread, or broken by a failed
         step until it is restored) is left for its own next call to report."""
         from ..errors import SessionBroken, SessionBusy
+        check_idle_seconds(seconds)
         t0, out = time.perf_counter(), {}
         for conversation, session in list(self._sessions.items()):
             left = _time_left(seconds, t0)
@@ -196,6 +198,7 @@ class Router:
 
     def idle(self, seconds: float | None = None) -> dict[Hashable, list[int]]:
         """``Replica.idle`` on every live replica in turn (``seconds`` bounds the whole call)."""
+        check_idle_seconds(seconds)
         t0, out = time.perf_counter(), {}
         for i, replica in enumerate(self.replicas):
             left = _time_left(seconds, t0)

@@ -17,7 +17,7 @@ import time
 import pytest
 import torch
 
-from cadence_fx.errors import SessionClosed
+from cadence_fx.errors import InputError, SessionClosed
 
 
 def test_idle_captures_each_landed_entry_once_between_chunks_and_never_waits(monkeypatch):
@@ -67,6 +67,10 @@ def test_idle_captures_each_landed_entry_once_between_chunks_and_never_waits(mon
             other.join(30)
         assert held == [[]] and captured == []
         assert session.idle(seconds=0.0) == [] and captured == []  # no time given: nothing started
+        for bad in ("soon", -1, True, float("nan")):  # refused before anything runs
+            with pytest.raises(InputError, match=r"idle\(seconds=...\) takes None .* or a number of seconds >= 0"):
+                session.idle(bad)
+        assert captured == [] and session.stats()["background"]["captured_idle"] == []
         assert session.idle() == [0, 1, 2]
         # once each, in catalog order, on this thread; the first warmed the session's new stream
         assert captured == [(0, True, True), (1, False, True), (2, False, True)]

@@ -506,6 +506,10 @@ def test_replica_and_router_idle_give_each_session_the_time_left():
     assert first.idle() == {"a": [0, 1]} and len(b.calls) == 2
     del first._sessions["z"]
     router = Router([first, second])
+    for call in (lambda: first.idle("soon"), lambda: router.idle(-1.0)):  # before any session is called
+        with pytest.raises(cadence_fx.InputError, match="takes None .* or a number of seconds >= 0"):
+            call()
+    assert len(b.calls) == 2 and len(c.calls) == 0
     assert router.idle() == {"a": [0, 1], "c": [2]}
     router.mark_lost("r1")
     assert router.idle() == {"a": [0, 1]} and len(c.calls) == 1  # a lost replica is left alone
