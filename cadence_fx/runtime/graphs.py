@@ -140,8 +140,28 @@ def pool_handle(pool: "GraphPool | Any") -> Any:
     return pool.handle if isinstance(pool, GraphPool) else pool
 
 
-#: graphs of captures the device invalidated, kept for the process's life (``CapturedRegion.capture``)
-_INVALIDATED: list = []
+#: graphs that PyTorch 2.11 cannot free safely, kept for the process's life (``keep_if_unsafe``)
+_KEPT: list = []
+
+
+def keep_if_unsafe(graph: "torch.cuda.CUDAGraph", began: bool, ended: bool) -> None:
+    """Keep ``graph`` for the process's life where freeing it is unsafe (PyTorch 2.11).
+
+    * Its capture raised before it began (``began`` False).  ``capture_begin`` names the
+      default generator's state in the graph, then registers the graph with that state,
+      which allocates the state's graph tensors when it has no graph yet: an error there
+      (out of memory; a test's injected fault) leaves a graph whose destructor raises
+      "The graph should be registered to the state", and a destructor that raises
+      aborts the process (the GPU suite, 2026-12-02: a worker aborted in
+      ``test_misuse::test_capture_fault_never_yields_a_wrong_step`` at the
+      ``gc.collect()`` that ``torch.cuda.graph`` runs as it begins).
+    * Its capture was invalidated (``ended`` False): the allocator keeps a recording
+      entry with a filter that reads this graph object at every later allocation of the
+      process; freed, the filter would read freed memory.
+    One small object per such fault; graphs that captured, or raised after they began
+    and ended cleanly, are freed as usual."""
+    if not began or not ended:
+        _KEPT.append(graph)
 
 
 class CapturedRegion(torch.nn.Module):
@@ -188,9 +208,11 @@ class CapturedRegion(torch.nn.Module):
                           for a, b in zip(args, self.bound)]
         call_args = [s if s is not None else a for a, s in zip(args, self.static_in)]
         graph = torch.cuda.CUDAGraph()
+        began = False
         with self.rng.capturing() if self.rng is not None else contextlib.nullcontext():
             try:
                 with torch.cuda.graph(graph, pool=pool_handle(pool), stream=stream):
+                    began = True
                     out = run_piece(self.piece, call_args)
             except Exception as e:
                 # A failed capture's graph still counts as a user of the pool.  Kept here, it
@@ -200,13 +222,10 @@ class CapturedRegion(torch.nn.Module):
                 # graph has released while its memory is still held).
                 self.failed_graphs.append(graph)
                 released, _ = _release_generator(pool_handle(pool), stream)  # the generator state this capture used
+                # an invalidated capture (its pool left recording: the empty capture could not
+                # begin) or one that failed as it began is kept for the process's life
+                keep_if_unsafe(graph, began, ended=released)
                 if not released:
-                    # An invalidated capture: PyTorch's allocator keeps recording into its pool,
-                    # with a filter that reads this graph object, and calls that filter at every
-                    # later allocation of the process.  Freed (with its session), the graph would
-                    # leave the filter dangling: the worker of a GPU test after one aborted.  So
-                    # it is kept for the process's life (one small object per such fault).
-                    _INVALIDATED.append(graph)
                     if isinstance(pool, GraphPool):
                         # this session's later captures go to a fresh pool, whose first user,
                         # kept here, is the empty capture that resets the generator
@@ -338,6 +357,7 @@ def _release_generator(pool, stream) -> "tuple[bool, torch.cuda.CUDAGraph]":
             with torch.cuda.graph(graph, pool=pool, stream=stream):
                 pass
         except Exception:  # noqa: BLE001 - best effort; the failure itself is already recorded
+            keep_if_unsafe(graph, began=False, ended=False)  # it raised as it began (see there)
             return False, graph
     return True, graph
 

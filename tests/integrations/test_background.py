@@ -403,7 +403,7 @@ def test_on_cuda_idle_time_captures_the_landed_entries_so_no_chunk_pays_a_captur
         assert report["exact"], report["mismatches"]
         assert report["pcm_sha256_stock"] == report["pcm_sha256_optimized"]
         routes = [c["route"] for c in report["per_chunk"]]
-        assert routes == ["replay entry 1"] + ["replay entry 2"] * 3 + [FLUSH], routes
+        assert routes == ["replay entry 1"] + ["replay entry 2"] * 4 + [FLUSH], routes  # chunks[1:]: 5 steady, the flush
         assert opt.session._stats.setup.capture_s == capture_s  # no chunk captured anything
         stats = opt.stats()
         assert stats["fallbacks"] == {WAITING: 1, "flags last_chunk outside the catalog (eager)": 1}, stats

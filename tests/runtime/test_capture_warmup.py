@@ -114,13 +114,15 @@ def test_an_invalidated_capture_leaves_one_region_eager_and_the_later_captures_t
         return real(piece, args)
 
     monkeypatch.setattr(graphs, "run_piece", run_piece)
-    invalidated = len(graphs._INVALIDATED)
+    kept = len(graphs._KEPT)
     prompt = toy_prompt(2).to(dev)
     session = adapter.open_session(exe, prompt)
     monkeypatch.undo()
 
     assert len(attempts) == 2  # captured unwarmed, then again after the warm-up: both invalidated
-    assert len(graphs._INVALIDATED) == invalidated + 2  # both graphs kept for the process's life
+    # kept for the process's life: both invalidated graphs, and both empty captures that
+    # could not begin in the pools they left recording
+    assert len(graphs._KEPT) == kept + 4
     assert set(session.capture_failures) == {0, 1, 2}
     assert session.capture_failures[0] == {} and session.capture_failures[2] == {}
     assert list(session.capture_failures[1]) == [faulty.name]
@@ -140,8 +142,7 @@ def test_an_invalidated_capture_leaves_one_region_eager_and_the_later_captures_t
     assert stats["fallbacks"] == {f"region refused replay: {faulty.name}: not captured": entry1_steps}
 
     # the process stays healthy once the session is gone: the allocator's stale recording
-    # entries read the kept graphs, never freed memory (a freed one's address taken by a new
-    # graph made a later capture's allocations go to the dead pool: a worker aborted)
+    # entries read the kept graphs, never freed memory
     del session, faulty_now, others
     gc.collect()
     for k in range(3):
@@ -158,3 +159,52 @@ def test_an_invalidated_capture_leaves_one_region_eager_and_the_later_captures_t
         assert torch.equal(y, torch.full((4,), 3.0 * k, device=dev))
         del graph, y
         gc.collect()
+
+
+@cuda
+def test_a_capture_that_fails_as_it_begins_is_kept_so_that_freeing_it_never_aborts(deterministic):
+    """PyTorch 2.11's ``capture_begin`` names the generator state in the graph, then
+    registers the graph with the state, which allocates the state's graph tensors when
+    it has no graph yet.  An error at that allocation (out of memory; here a fault
+    injected at that very op) leaves a graph whose destructor raises, and a destructor
+    that raises aborts the process: a GPU suite worker aborted so in test_misuse
+    (2026-12-02).  The graph is kept for the process (``graphs.keep_if_unsafe``), the
+    region captures again, and the process and its random draws stay sound."""
+    from cadence_fx.runtime import graphs
+    from cadence_fx.runtime.graphs import CaptureFailed, CapturedRegion, GraphPool, GraphRng
+    from helpers.faults import FaultAt
+
+    dev = torch.device("cuda")
+    rng = GraphRng.for_device(dev)
+    if rng is None:
+        pytest.skip("this PyTorch lacks the graph-safe generator API")
+
+    class Noisy(torch.nn.Module):
+        def forward(self, x):
+            return x * 2 + torch.rand_like(x)
+
+    x = torch.ones(8, device=dev)
+    stream = torch.cuda.Stream()
+    pool, kept = GraphPool(), len(graphs._KEPT)
+    # bound by address: no static copy, so the capture's first op is capture_begin's own
+    region = CapturedRegion(torch.fx.symbolic_trace(Noisy()), [True], name="noisy", rng=rng)
+    fault = FaultAt(0, RuntimeError("injected at the first op of the capture"))
+    with pytest.raises(CaptureFailed, match="injected"), fault:
+        region.capture([x], pool, stream)
+    # the first op the capture dispatched was the generator state's allocation in capture_begin
+    assert fault.fired and fault.func is torch.ops.aten.empty.memory_format, fault.func
+    assert len(graphs._KEPT) == kept + 1 and graphs._KEPT[-1] is region.failed_graphs[0]
+    assert pool.renewed == 0 and region.graph is None
+    region.failed_graphs.clear()  # the region lets it go: only the process's list holds it now
+    gc.collect()  # a freed half-registered graph would abort the process here
+    region.capture([x], pool, stream)  # the retry captures on the same state and pool
+    torch.manual_seed(7)
+    expected = x * 2 + torch.rand_like(x)
+    torch.manual_seed(7)
+    with torch.cuda.stream(stream):
+        region.launch()
+    torch.cuda.current_stream().wait_stream(stream)
+    assert torch.equal(region.static_out, expected)  # the replay drew as eager does
+    del region
+    gc.collect()
+    torch.rand(4, device=dev)  # the default generator is not left mid-capture

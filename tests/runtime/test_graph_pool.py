@@ -8,6 +8,7 @@ raised without invalidating leaves its pool usable.  The CUDA test is
 from __future__ import annotations
 
 import contextlib
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -18,6 +19,11 @@ from cadence_fx.runtime.graphs import CaptureFailed, CapturedRegion, GraphPool
 
 class _Graph:
     """Stands for ``torch.cuda.CUDAGraph``."""
+
+
+class _FakeCuda(NamedTuple):
+    recording: set  # the pools a capture left recording
+    begin_fault: list  # a test appends a message: the next capture raises it as it begins
 
 
 class _Piece(torch.nn.Module):
@@ -33,14 +39,17 @@ class _Piece(torch.nn.Module):
 
 @pytest.fixture
 def fake_cuda(monkeypatch):
-    """``torch.cuda.graph`` as PyTorch 2.11 behaves; returns the set of pools left recording."""
+    """``torch.cuda.graph`` as PyTorch 2.11 behaves."""
     handles = iter(range(1000))
     recording: set = set()
+    begin_fault: list = []
 
     @contextlib.contextmanager
     def graph(cuda_graph, pool=None, stream=None):
         if pool in recording:
             raise RuntimeError("beginAllocateToPool: already recording to mempool_id")
+        if begin_fault:  # once: capture_begin raised (e.g. out of memory registering the generator)
+            raise RuntimeError(begin_fault.pop())
         try:
             yield
         except RuntimeError as e:
@@ -51,14 +60,14 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: ("pool", next(handles)))
     monkeypatch.setattr(torch.cuda, "CUDAGraph", _Graph)
     monkeypatch.setattr(torch.cuda, "graph", graph)
-    return recording
+    return _FakeCuda(recording, begin_fault)
 
 
 @pytest.fixture
 def kept(monkeypatch):
-    """``graphs._INVALIDATED`` for this test alone: the graphs it keeps for the process."""
+    """``graphs._KEPT`` for this test alone: the graphs it keeps for the process."""
     kept: list = []
-    monkeypatch.setattr(graphs, "_INVALIDATED", kept)
+    monkeypatch.setattr(graphs, "_KEPT", kept)
     return kept
 
 
@@ -74,10 +83,12 @@ def _fail_once(why: str) -> tuple[GraphPool, object, CapturedRegion]:
 
 def test_an_invalidated_capture_moves_the_later_captures_to_a_fresh_pool(fake_cuda, kept):
     pool, first, bad = _fail_once("capture invalidated by a host sync")
-    assert first in fake_cuda and pool.handle != first and pool.renewed == 1
+    assert first in fake_cuda.recording and pool.handle != first and pool.renewed == 1
     # the failed graph (kept for the process: the allocator's stale filter reads it) and the
     # empty capture that reset the generator in the fresh pool (that pool's first user)
-    assert len(bad.failed_graphs) == 2 and kept == [bad.failed_graphs[0]]
+    assert len(bad.failed_graphs) == 2 and bad.failed_graphs[0] in kept and bad.failed_graphs[1] not in kept
+    # and the empty capture that could not begin in the old pool, kept for the process too
+    assert len(kept) == 2
     good = CapturedRegion(_Piece(), [False], name="good")
     good.capture([torch.ones(2)], pool, stream=None)  # into the fresh pool
     assert isinstance(good.graph, _Graph) and torch.equal(good.static_out, torch.full((2,), 2.0))
@@ -88,7 +99,7 @@ def test_an_invalidated_capture_moves_the_later_captures_to_a_fresh_pool(fake_cu
 
 def test_a_capture_that_raised_without_invalidating_keeps_its_pool(fake_cuda, kept):
     pool, first, bad = _fail_once("initialized on first use, under capture")
-    assert pool.handle == first and pool.renewed == 0 and not fake_cuda
+    assert pool.handle == first and pool.renewed == 0 and not fake_cuda.recording
     assert len(bad.failed_graphs) == 1 and kept == []  # the failed graph, held with the region
     good = CapturedRegion(_Piece(), [False], name="good")
     good.capture([torch.ones(2)], pool, stream=None)
@@ -101,5 +112,21 @@ def test_a_raw_pool_handle_is_used_as_given(fake_cuda, kept):
     bad = CapturedRegion(_Piece("capture invalidated"), [False], name="bad")
     with pytest.raises(CaptureFailed):
         bad.capture([torch.ones(2)], handle, stream=None)
-    assert handle in fake_cuda and len(bad.failed_graphs) == 1
+    assert handle in fake_cuda.recording and len(bad.failed_graphs) == 1
     assert graphs.pool_handle(handle) is handle
+
+
+def test_a_capture_that_raised_as_it_began_is_kept_for_the_process(fake_cuda, kept):
+    """PyTorch 2.11's ``capture_begin`` can raise after naming the generator state in the
+    graph and before registering the graph with it (an out-of-memory allocating the
+    state's graph tensors): freeing that graph aborts the process, so it is kept.  The
+    pool is not renewed (nothing recorded into it) and the region's retry captures."""
+    fake_cuda.begin_fault.append("CUDA out of memory (registering the generator state)")
+    pool = GraphPool()
+    region = CapturedRegion(_Piece(), [False], name="region")
+    with pytest.raises(CaptureFailed, match="out of memory"):
+        region.capture([torch.ones(2)], pool, stream=None)
+    assert kept == region.failed_graphs and len(kept) == 1 and pool.renewed == 0
+    region.capture([torch.ones(2)], pool, stream=None)
+    assert isinstance(region.graph, _Graph) and region.graph is not kept[0]
+    assert torch.equal(region.static_out, torch.full((2,), 2.0)) and len(kept) == 1
