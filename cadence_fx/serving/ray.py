@@ -11,7 +11,12 @@ and one ``TailRouter`` in front (the ingress, CPU only):
   ``send`` calls are batched (``serve.batch``) into one ``run_tick``: every session's
   chunk is launched on its own CUDA stream before any is read, as ``serve-sim
   --overlap`` measures.  All model work runs on one thread of the replica, one batch or
-  call at a time.  Each replica process has an *incarnation* id; a conversation is
+  call at a time.  When that thread has nothing queued, the replica gives its
+  conversations idle time (``Replica.idle``): with a model that builds a new voice's
+  programs in the background (``set_background(True)``; ``registry.build_optimized``'s
+  ``background`` option), the entries a build handed over are captured there, not on a
+  chunk; a call that arrives meanwhile waits for at most the one capture under way
+  (``idle=False`` turns this off; ``load()`` reports it).  Each replica process has an *incarnation* id; a conversation is
   bound to the incarnation that opened it, so a replica that died and came back never
   serves a conversation whose state went with the old process.
 - The **router** places a new conversation by rendezvous hashing of its id (the first
@@ -41,6 +46,7 @@ conversation) open.
 
 import asyncio
 import os
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Hashable, Sequence
@@ -66,7 +72,7 @@ class TailReplica:
     """One optimized model (``build()``) serving conversations by id; one per GPU."""
 
     def __init__(self, build: Callable[[], Any], max_conversations: int, name: str,
-                 torch_threads: int | None = None, batch_wait_s: float = 0.002):
+                 torch_threads: int | None = None, batch_wait_s: float = 0.002, idle: bool = True):
         import torch
         if torch_threads:
             torch.set_num_threads(torch_threads)
@@ -75,11 +81,40 @@ class TailReplica:
         self._work = ThreadPoolExecutor(1, thread_name_prefix=name)  # the model's one thread
         self.replica = Replica(build(), max_conversations, name)
         self.ticks = {"ticks": 0, "chunks": 0, "largest": 0}  # the batches run_tick launched together
+        self.idle = bool(idle)
+        # idle time the model thread gave the conversations (``_idle``), for ``load()``
+        self.idle_time = {"idle_runs": 0, "idle_captured": 0, "idle_s": 0.0, "idle_errors": 0,
+                          "idle_last_error": None}
+        self._queued = 0  # model-thread calls queued or running (counted on the event loop)
         self._batch.set_max_batch_size(max_conversations)
         self._batch.set_batch_wait_timeout_s(batch_wait_s)
 
     async def _run(self, fn: Callable, *args):
-        return await asyncio.get_running_loop().run_in_executor(self._work, fn, *args)
+        self._queued += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._work, fn, *args)
+        finally:
+            self._queued -= 1
+            if self._queued == 0 and self.idle:
+                self._work.submit(self._idle)  # the thread's next job, unless a call comes first
+
+    def _idle(self) -> None:
+        """Idle time on the model thread (``Replica.idle``): entries a background build
+        handed over are captured here, not on a conversation's next chunk.  Skipped when a
+        call was queued after it (that call goes first); never raises (a failure is
+        counted in ``load()``, and the session it concerns reports it at its next call)."""
+        if self._queued:
+            return
+        t0 = time.perf_counter()
+        try:
+            captured = self.replica.idle()
+        except Exception as e:  # noqa: BLE001 - a housekeeping job: counted, never lost silently
+            self.idle_time["idle_errors"] += 1
+            self.idle_time["idle_last_error"] = f"{type(e).__name__}: {e}"
+            captured = {}
+        self.idle_time["idle_runs"] += 1
+        self.idle_time["idle_captured"] += sum(len(v) for v in captured.values())
+        self.idle_time["idle_s"] = round(self.idle_time["idle_s"] + time.perf_counter() - t0, 6)
 
     def _check(self, incarnation: str, conversation: Hashable) -> None:
         if incarnation != self.incarnation:
@@ -193,7 +228,7 @@ class TailReplica:
         if reset_peak and device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         return {**self.replica.load(), "incarnation": self.incarnation, "pid": os.getpid(), **self.ticks,
-                "peak_memory_bytes": peak}
+                **self.idle_time, "peak_memory_bytes": peak}
 
 
 def _unpack(w) -> tuple:
@@ -461,7 +496,7 @@ class TailRouter:
 
 def app(build: Callable[[], Any], *, replicas: int = 1, max_conversations: int, num_gpus: float | None = None,
         num_cpus: float = 1, torch_threads: int | None = None, batch_wait_s: float = 0.002,
-        health_check_period_s: float = 2.0):
+        health_check_period_s: float = 2.0, idle: bool = True):
     """The Serve application: ``replicas`` tail deployments behind a ``TailRouter``.
 
     ``build``: a picklable zero-argument callable that returns the optimized model (it
@@ -469,7 +504,9 @@ def app(build: Callable[[], Any], *, replicas: int = 1, max_conversations: int, 
     importable module).  ``max_conversations``: per replica; take it from ``serve-sim
     --sweep``'s sessions that hold the cadence on that GPU, with headroom.
     ``num_gpus``: per replica (``1``: one replica per GPU; None: 0).  ``torch_threads``:
-    each replica's ``torch.set_num_threads`` (on the CPU the bits depend on it).
+    each replica's ``torch.set_num_threads`` (on the CPU the bits depend on it).  ``idle``:
+    give the conversations idle time whenever a replica's model thread has nothing queued
+    (``TailReplica._idle``; it captures what background builds handed over).
     Deploy with ``serve.run(app(...), name=..., route_prefix=...)``."""
     if not isinstance(replicas, int) or replicas < 1:
         raise InputError(f"replicas must be an int >= 1; got {replicas!r}")
@@ -481,7 +518,7 @@ def app(build: Callable[[], Any], *, replicas: int = 1, max_conversations: int, 
     tails = [serve.deployment(TailReplica, name=n, num_replicas=1, max_ongoing_requests=2 * max_conversations + 8,
                               health_check_period_s=health_check_period_s,
                               ray_actor_options={"num_gpus": num_gpus or 0, "num_cpus": num_cpus}).bind(
-        build, max_conversations, n, torch_threads, batch_wait_s) for n in names]
+        build, max_conversations, n, torch_threads, batch_wait_s, idle) for n in names]
     router = serve.deployment(TailRouter, name="router", num_replicas=1,
                               max_ongoing_requests=max(100, 4 * replicas * max_conversations),
                               ray_actor_options={"num_cpus": 0})

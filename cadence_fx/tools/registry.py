@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-from ..errors import CadenceError
+from ..errors import CadenceError, InputError
 from .bench import BenchError
 from .bench.models import BenchModel, MimiBench, Token2WavBench
 
@@ -168,9 +168,16 @@ def build_from_options(options: dict[str, Any]) -> tuple[ModelSpec, Any, Any]:
 def build_optimized(options: dict[str, Any]):
     """The optimized model (``options["rules"]``) on ``build_from_options``'s stock model:
     what a server replica calls once.  Picklable as ``functools.partial(build_optimized,
-    options)`` (``cadence_fx.serving.ray.app``)."""
+    options)`` (``cadence_fx.serving.ray.app``).  ``options["background"]`` (default
+    False): a new voice's programs are built in the background (``set_background``), so
+    its set-up never holds the replica's other conversations for a build."""
     spec, args, stock = build_from_options(options)
-    return optimize(spec, stock, args.rules)
+    opt = optimize(spec, stock, args.rules)
+    if options.get("background", False):
+        if not hasattr(opt, "set_background"):
+            raise InputError(f"background=True: the optimized {spec.name} does not build in the background")
+        opt.set_background(True)
+    return opt
 
 
 # ------------------------------------------------------------------------ the models
