@@ -27,6 +27,7 @@ other's offsets.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 from typing import Any, Sequence
 
@@ -159,9 +160,13 @@ def keep_if_unsafe(graph: "torch.cuda.CUDAGraph", began: bool, ended: bool) -> N
       entry with a filter that reads this graph object at every later allocation of the
       process; freed, the filter would read freed memory.
     One small object per such fault; graphs that captured, or raised after they began
-    and ended cleanly, are freed as usual."""
+    and ended cleanly, are freed as usual.  Kept past the interpreter's own shutdown too
+    (one reference that nothing releases): the module's list alone is cleared at exit,
+    which freed them there and aborted processes whose tests had all passed (GPU suite,
+    2026-12-02)."""
     if not began or not ended:
         _KEPT.append(graph)
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(graph))  # never freed, not even at exit
 
 
 class CapturedRegion(torch.nn.Module):

@@ -8,6 +8,7 @@ raised without invalidating leaves its pool usable.  The CUDA test is
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import NamedTuple
 
 import pytest
@@ -127,6 +128,25 @@ def test_a_capture_that_raised_as_it_began_is_kept_for_the_process(fake_cuda, ke
     with pytest.raises(CaptureFailed, match="out of memory"):
         region.capture([torch.ones(2)], pool, stream=None)
     assert kept == region.failed_graphs and len(kept) == 1 and pool.renewed == 0
+    first = kept[0]
     region.capture([torch.ones(2)], pool, stream=None)
-    assert isinstance(region.graph, _Graph) and region.graph is not kept[0]
+    assert isinstance(region.graph, _Graph) and region.graph is not first
     assert torch.equal(region.static_out, torch.full((2,), 2.0)) and len(kept) == 1
+
+
+def test_a_kept_graph_outlives_its_list(kept):
+    """The interpreter clears module globals at exit, and a kept graph freed there aborted
+    processes whose tests had all passed: ``keep_if_unsafe`` adds a reference nothing
+    releases.  Graphs that are safe to free are not kept."""
+    g = _Graph()
+    before = sys.getrefcount(g)
+    graphs.keep_if_unsafe(g, began=True, ended=True)
+    after_safe = sys.getrefcount(g)
+    assert not kept and after_safe == before
+    graphs.keep_if_unsafe(g, began=False, ended=True)
+    after_kept = sys.getrefcount(g)
+    assert len(kept) == 1 and kept[0] is g
+    assert after_kept == before + 2  # the list's, and the one nothing releases
+    kept.clear()  # as the interpreter's exit does
+    after_exit = sys.getrefcount(g)
+    assert after_exit == before + 1
