@@ -154,8 +154,8 @@ def keep_if_unsafe(graph: "torch.cuda.CUDAGraph", began: bool, ended: bool) -> N
       (out of memory; a test's injected fault) leaves a graph whose destructor raises
       "The graph should be registered to the state", and a destructor that raises
       aborts the process (the GPU suite, 2026-12-02: a worker aborted in
-      ``test_misuse::test_capture_fault_never_yields_a_wrong_step`` at the
-      ``gc.collect()`` that ``torch.cuda.graph`` runs as it begins).
+      ``test_misuse::test_capture_fault_never_yields_a_wrong_step`` when the test let
+      go of a session one of whose regions had failed so).
     * Its capture was invalidated (``ended`` False): the allocator keeps a recording
       entry with a filter that reads this graph object at every later allocation of the
       process; freed, the filter would read freed memory.
