@@ -4,6 +4,7 @@
 # docs/results says which): installs them, runs every `cuda`-marked test under the deterministic
 # protocol (tests/conftest.py fixes cuBLAS's workspace), and leaves in $OUT: gpu.txt (GPU, driver,
 # torch, date, commit), pytest-cuda.log, and suite.tgz (every verify report the tests kept).
+# Exits non-zero when pytest fails or when any process aborted, even after its tests passed.
 # Usage: COMMIT=<sha> [CADENCE_CELLS=...] [WORKERS=12] bash benchmarks/h200_suite.sh [pytest args...]
 set -uo pipefail
 out=${OUT:?set OUT to the folder that comes back}
@@ -16,5 +17,12 @@ mkdir -p /tmp/suite
 CADENCE_RESULTS_DIR=/tmp/suite timeout "${SUITE_TIMEOUT:-560}" python3 -m pytest -m cuda tests -n "${WORKERS:-12}" --durations=40 -rs \
   -p no:cacheprovider "$@" 2>&1 | tee "$out/pytest-cuda.log"
 rc=${PIPESTATUS[0]}
+# A process that aborts after its tests passed (a C++ destructor that throws at the
+# interpreter's exit, 2026-12-02) leaves pytest's exit status 0: that is a failure too.
+if grep -qE "terminate called|Fatal Python error|crashed while running" "$out/pytest-cuda.log"; then
+  echo "h200_suite: a process aborted (see 'terminate called' / 'Fatal Python error' above): failing the run" \
+    | tee -a "$out/pytest-cuda.log"
+  [ "$rc" -eq 0 ] && rc=1
+fi
 tar czf "$out/suite.tgz" -C /tmp suite
 exit "$rc"
