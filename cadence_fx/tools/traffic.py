@@ -20,6 +20,17 @@ replayed); fallbacks by reason; time to first audio for the new voice (prompt se
 including any specialization and capture, plus its first chunk) against stock's;
 chunk milliseconds p50/p99 (each conversation's first chunk, which follows a set-up,
 left out), and peak device memory (CUDA: the process's, stock tails included).
+
+``--pace``: the events arrive on a clock instead of back to back.  Conversation ``c``'s
+voice arrives at ``c x --stagger-s``, with its first chunk; each later chunk arrives as
+the audio before it would have played (a chunk of N new tokens is N/25 s: 25 Hz speech
+tokens), a turn's reset with the turn's first chunk.  Between arrivals the sessions get
+idle time (``--idle``) and the driver sleeps.  Each chunk's latency is from its arrival
+to its PCM; a player that starts a turn at its first chunk's PCM and plays each chunk
+after the one before *stalls* when a chunk is not ready when the audio before it ends
+(``player``).  Stock is not run on the timed path: after it, each conversation is
+replayed on the stock tail with the same seeds, and every chunk's waveform and PCM, and
+the whole state at every turn's end, must match.
 """
 
 from __future__ import annotations
@@ -38,6 +49,7 @@ from . import registry
 from .options import add_model_args, model_of, progress
 
 DEFAULTS = {"prompt": (75, 250), "steady": (2, 12), "window": (8, 27), "flush": (1, 28)}
+TOKEN_SECONDS = 1 / 25  # a speech token's audio (Token2Wav: 25 Hz tokens, 50 mel frames a second)
 
 
 def _range(text: str) -> tuple[int, int]:
@@ -67,9 +79,15 @@ def add_args(p) -> None:
                    help="build each new voice's graphs on a worker thread while its chunks run the exact eager "
                         "path (optimize(..., background=True)); the first voice still builds at its set-up")
     p.add_argument("--idle", action="store_true",
-                   help="after each event, give every live session idle time (session.idle(): a background "
-                        "build's landed entries are captured there, not on a chunk), as a server has between a "
-                        "conversation's chunks; timed apart from the chunks (report: idle_s, captured_idle)")
+                   help="after each event (--pace: while waiting for the next arrival), give every live session "
+                        "idle time (session.idle(): a background build's landed entries are captured there, not on "
+                        "a chunk), as a server has between a conversation's chunks; timed apart from the chunks "
+                        "(report: idle_s, captured_idle)")
+    p.add_argument("--pace", action="store_true",
+                   help="chunks arrive at the audio rate, not back to back (a chunk of N new tokens N/25 s after "
+                        "the one before; conversation c's voice at c x --stagger-s): latency from arrival, and "
+                        "the stalls a player would hear; stock is checked after the timed run, on the same seeds")
+    p.add_argument("--stagger-s", type=float, default=1.0, help="--pace: seconds between voices' arrivals")
     p.add_argument("--out", default=None, help="write traffic.json, traffic.md and traffic.png here")
     p.add_argument("--quiet", action="store_true")
 
@@ -109,6 +127,8 @@ def run(args) -> int:
     from .bench.stats import percentile
     if args.conversations < 1 or args.turns < 1:
         raise SystemExit("--conversations and --turns must be >= 1")
+    if not (args.stagger_s >= 0):  # also NaN
+        raise SystemExit(f"--stagger-s must be a number of seconds >= 0; got {args.stagger_s}")
     spec = model_of(args)
     if spec.prompt is None or not spec.flush or spec.serve is None:
         raise SystemExit(f"--model {spec.name}: traffic drives a prompted model with a flush chunk (token2wav)")
@@ -138,7 +158,9 @@ def run(args) -> int:
     events = {c.index: [("open", None, None)] + [ev for t, turn in enumerate(c.turns)
                                                   for ev in ([("reset", t, None)] if t else []) +
                                                   [("chunk", t, ch) for ch in turn]] for c in convos}
-    while any(events.values()):
+    if args.pace:
+        _paced(args, spec, convos, stock, opt, device, say, chunk, live, rows, idle)
+    while not args.pace and any(events.values()):
         for c in convos:
             if not events[c.index]:
                 continue
@@ -184,11 +206,16 @@ def _reset(c: dict) -> None:
     c["stock"].set_stream_cache(*c["prompt"])  # stock's post-prompt state: set up again
 
 
-def _idle(live: dict, device) -> tuple[float, int]:
-    """Idle time for every live session (``session.idle()``): seconds, entries captured."""
+def _idle(live: dict, device, seconds: float | None = None) -> tuple[float, int]:
+    """Idle time for every live session (``session.idle()``, ``seconds`` in all): seconds, entries captured."""
     from ..lockstep import sync
     t0 = time.perf_counter()
-    captured = sum(len(c["session"].idle()) for c in live.values())
+    captured = 0
+    for c in live.values():
+        left = None if seconds is None else seconds - (time.perf_counter() - t0)
+        if left is not None and left <= 0:
+            break
+        captured += len(c["session"].idle(left))
     sync(device)
     return time.perf_counter() - t0, captured
 
@@ -224,6 +251,123 @@ def _chunk(c: dict, convo: Conversation, turn: int, ch, seed: int, device) -> di
             "route": route, "wave_equal": bool(torch.equal(wave, stock_wave)),
             "pcm_equal": pcm_bytes(wave.float().cpu().numpy()) == pcm_bytes(stock_wave.float().cpu().numpy()),
             "state_equal": not bad, "mismatched": bad, "ms": (t3 - t2) * 1e3, "stock_ms": (t1 - t0) * 1e3}
+
+
+def audio_s(tokens: list, last: bool, lookahead: int) -> float:
+    """Seconds of audio a chunk adds: its new tokens (a flush's all), 25 a second."""
+    return (len(tokens) if last else len(tokens) - lookahead) * TOKEN_SECONDS
+
+
+def player(rows: list[dict]) -> None:
+    """One conversation's chunks in order, each with ``ready_s`` and ``audio_s``, and
+    ``turn_start`` on a turn's first: sets ``stall_ms`` on each.  A turn plays from its
+    first chunk's PCM on; each later chunk plays when the one before has ended, and the
+    listener hears a gap (a stall) if it is not ready by then."""
+    end = None
+    for r in rows:
+        if r["turn_start"] or end is None:
+            r["stall_ms"], end = 0.0, r["ready_s"] + r["audio_s"]
+        else:
+            r["stall_ms"] = max(0.0, r["ready_s"] - end) * 1e3
+            end = max(end, r["ready_s"]) + r["audio_s"]
+
+
+def _paced(args, spec, convos, stock, opt, device, say, chunk, live, rows, idle) -> None:
+    """``--pace``: the timed run (optimized only), then stock on the same seeds."""
+    import torch
+    from ..lockstep import chunk_route, chunk_seed, sync
+    queue = []  # (due s, conversation, order, event)
+    for c in convos:
+        due = c.index * args.stagger_s
+        queue.append((due, c.index, 0, ("open", None, None)))
+        for t, turn in enumerate(c.turns):
+            if t:
+                queue.append((due, c.index, len(queue), ("reset", t, None)))
+            for n, ch in enumerate(turn):
+                queue.append((due, c.index, len(queue), ("chunk", t, ch, n == 0)))
+                due += audio_s(ch[0], ch[1], chunk.lookahead)
+    saved: dict[int, list] = {c.index: [] for c in convos}  # the state at every turn's end
+    t0 = time.perf_counter()
+    for due, ci, _, event in sorted(queue, key=lambda q: q[:3]):
+        wait = due - (time.perf_counter() - t0)
+        if wait > 0 and args.idle and live:
+            idle.append(_idle(live, device, wait))
+            wait = due - (time.perf_counter() - t0)
+        if wait > 0:
+            time.sleep(wait)
+        c = convos[ci]
+        if event[0] == "open":
+            prompt = spec.prompt(argparse.Namespace(**{**vars(args), "prompt_tokens": c.prompt_tokens,
+                                                       "seed": args.seed + ci}))
+            if say:
+                say(f"conversation {ci + 1}: a voice of {c.prompt_tokens} tokens at {due:.1f} s")
+            live[ci] = {"prompt": prompt, "session": opt.open_session(*prompt), "chunks": 0, "due0": due}
+            continue
+        session = live[ci]["session"]
+        if event[0] == "reset":
+            saved[ci].append({r: t.clone() for r, t in session.state().items()})
+            session.reset()
+            continue
+        _, turn, (tokens, last), first = event
+        i = live[ci]["chunks"]
+        torch.manual_seed(chunk_seed(args.seed * 100 + ci, i))
+        before = session.stats()
+        t_start = time.perf_counter()
+        session.stream(tokens, last_chunk=last, return_waveform=True)
+        sync(device)
+        ready = time.perf_counter() - t0
+        rows.append({"conversation": ci, "turn": turn, "chunk": i, "tokens": len(tokens), "last": last,
+                     "route": chunk_route(before, session.stats()), "ms": (ready + t0 - t_start) * 1e3,
+                     "due_s": round(due, 4), "ready_s": ready, "latency_ms": (ready - due) * 1e3,
+                     "audio_s": audio_s(tokens, last, chunk.lookahead), "turn_start": first,
+                     "wave": session.last_speech.detach().cpu().clone()})
+        if i == 0:
+            live[ci]["ttfa_ms"] = (ready - live[ci]["due0"]) * 1e3
+        live[ci]["chunks"] += 1
+    for ci, c in live.items():
+        saved[ci].append({r: t.clone() for r, t in c["session"].state().items()})
+    for ci in live:
+        player([r for r in rows if r["conversation"] == ci])
+    _check_after(args, convos, stock, device, live, rows, saved)
+
+
+def _check_after(args, convos, stock, device, live, rows, saved) -> None:
+    """Stock on each conversation's events after the timed run (one stock tail, set up
+    again per voice and turn): each chunk's waveform and PCM, and the state at each turn's
+    end, against what the optimized session gave; stock's own timings, uncontended."""
+    import torch
+    from ..lockstep import chunk_seed, live_extent, sync
+    from ..pcm import pcm_bytes
+    for c in convos:
+        prompt, mine = live[c.index]["prompt"], [r for r in rows if r["conversation"] == c.index]
+        ends = iter(saved[c.index])
+        sync(device)
+        t_setup = time.perf_counter()
+        stock.set_stream_cache(*prompt)
+        sync(device)
+        setup_s, chunks = time.perf_counter() - t_setup, iter(mine)
+        for t, turn in enumerate(c.turns):
+            if t:
+                stock.set_stream_cache(*prompt)
+            for tokens, last in turn:
+                r = next(chunks)
+                torch.manual_seed(chunk_seed(args.seed * 100 + c.index, r["chunk"]))
+                sync(device)
+                t1 = time.perf_counter()
+                stock.stream(tokens, last_chunk=last, return_waveform=True)
+                sync(device)
+                r["stock_ms"] = (time.perf_counter() - t1) * 1e3
+                stock_wave = stock.last_speech.detach().cpu()
+                r["wave_equal"] = bool(torch.equal(r["wave"], stock_wave))
+                r["pcm_equal"] = pcm_bytes(r["wave"].float().numpy()) == pcm_bytes(stock_wave.float().numpy())
+                r["state_equal"], r["mismatched"], r["state_checked"] = True, [], False
+                del r["wave"]
+                if r["chunk"] == 0:
+                    live[c.index]["ttfa_ms"] = (live[c.index]["ttfa_ms"], (setup_s + r["stock_ms"] / 1e3) * 1e3)
+            state, stock_state = next(ends), stock.state()  # the turn's end: every carried tensor
+            r["mismatched"] = [k for k, v in stock_state.items()
+                               if k not in state or not torch.equal(live_extent(v, state[k]), state[k])]
+            r["state_equal"], r["state_checked"] = not r["mismatched"], True
 
 
 def _report(args, rules: str, convos, live, rows, device, percentile, idle=()) -> dict:
@@ -277,8 +421,29 @@ def _report(args, rules: str, convos, live, rows, device, percentile, idle=()) -
         "ttfa_ms_p50": round(percentile(ttfa, 50), 1), "stock_ttfa_ms_p50": round(percentile(stock_ttfa, 50), 1),
         "chunk_ms_p50": p50, "chunk_ms_p99": p99, "stock_chunk_ms_p50": s50, "stock_chunk_ms_p99": s99,
         "peak_mib": round(torch.cuda.max_memory_allocated(device) / 2**20, 1) if device.type == "cuda" else None,
+        **(_paced_report(rows, per, percentile, args.stagger_s) if args.pace else {"pace": False}),
         "per_conversation": per, "per_chunk": rows,
     }
+
+
+def _paced_report(rows, per, percentile, stagger_s: float) -> dict:
+    """``--pace``: latency from arrival (a turn's first chunk apart: it follows a set-up or
+    a reset), and the player's stalls, overall and per conversation (added to ``per``)."""
+    def lat(rs):
+        xs = [r["latency_ms"] for r in rs]
+        return (round(percentile(xs, 50), 1), round(percentile(xs, 99), 1)) if xs else (None, None)
+
+    for p in per:
+        rs = [r for r in rows if r["conversation"] == p["conversation"]]
+        p["stalls"] = sum(r["stall_ms"] > 0 for r in rs)
+        p["stall_ms"] = round(sum(r["stall_ms"] for r in rs), 1)
+    inner = [r for r in rows if not r["turn_start"]]
+    p50, p99 = lat(inner)
+    t50, t99 = lat([r for r in rows if r["turn_start"]])
+    return {"pace": True, "stagger_s": stagger_s, "latency_ms_p50": p50, "latency_ms_p99": p99,
+            "turn_start_latency_ms_p50": t50, "turn_start_latency_ms_p99": t99,
+            "stalls": sum(r["stall_ms"] > 0 for r in rows), "stall_ms": round(sum(r["stall_ms"] for r in rows), 1),
+            "state_checked": "at every turn's end (after the timed run, on the same seeds)"}
 
 
 def _specializations(live: dict) -> dict:
@@ -315,6 +480,12 @@ def markdown(report: dict) -> str:
              "", f"background builds: {report['background']}; idle time between chunks: {report['idle']}"
              + (f" ({report['idle_s']} s in all, {report['captured_idle']} entries captured there)"
                 if report["idle"] else ""),
+             "", (f"paced (voices {report['stagger_s']} s apart, chunks at the audio rate): latency from arrival "
+                  f"p50/p99 {report['latency_ms_p50']}/{report['latency_ms_p99']} ms (a turn's first chunk "
+                  f"{report['turn_start_latency_ms_p50']}/{report['turn_start_latency_ms_p99']} ms); "
+                  f"{report['stalls']} stalls, {report['stall_ms']} ms in all; stock checked after the timed run, "
+                  f"state at every turn's end" if report.get("pace") else
+                  "back to back, each chunk against stock in lockstep (waveform, PCM and state)"),
              "",
              "| conv | prompt | turns | chunks | exact | program | replayed | TTFA ms (stock) | p50/p99 ms |",
              "|---:|---:|---:|---:|---|---:|---:|---:|---:|"]

@@ -9,6 +9,7 @@ import dataclasses
 import json
 
 import pytest
+import torch
 
 from cadence_fx.integrations import stepaudio2 as s2
 from cadence_fx.tools import cli, registry, traffic
@@ -73,3 +74,69 @@ def test_traffic_is_exact_and_every_chunk_runs_the_program(small, capsys, tmp_pa
                   if any(not isinstance(size, int) for _, shape, _ in k[2] for size in shape)}
     assert len(chunk_keys) == 2, chunk_keys  # the window's and the flush's
     assert (tmp_path / "traffic.md").read_text().startswith("# traffic: 2 conversations")
+
+
+def test_the_player_stalls_only_when_a_chunk_is_late_for_the_audio_before_it():
+    rows = [dict(ready_s=1.0, audio_s=1.0, turn_start=True),   # plays 1.0-2.0
+            dict(ready_s=1.5, audio_s=1.0, turn_start=False),  # ready before 2.0: plays 2.0-3.0
+            dict(ready_s=3.25, audio_s=0.5, turn_start=False),  # 250 ms late: plays 3.25-3.75
+            dict(ready_s=3.5, audio_s=0.25, turn_start=False),  # ready: plays 3.75-4.0
+            dict(ready_s=9.0, audio_s=1.0, turn_start=True)]   # a new turn starts afresh: no stall
+    traffic.player(rows)
+    assert [r["stall_ms"] for r in rows] == [0.0, 0.0, 250.0, 0.0, 0.0]
+    assert traffic.audio_s([1] * 28, False, 3) == 1.0 and traffic.audio_s([1] * 7, True, 3) == 7 / 25
+
+
+class _Stock:
+    """A stock tail whose every chunk's waveform is its tokens' sum (seed-independent) and
+    whose state counts the chunks since its set-up."""
+
+    def set_stream_cache(self, *prompt):
+        self.n = torch.zeros(1)
+
+    def stream(self, tokens, last_chunk=False, return_waveform=False):
+        self.n += 1
+        self.last_speech = torch.tensor([float(sum(tokens))])
+
+    def state(self):
+        return {"n": self.n}
+
+
+def test_the_check_after_a_paced_run_finds_a_wrong_waveform_and_a_wrong_state():
+    """``--pace`` checks stock after the timed run: a chunk whose waveform differs, and a
+    turn whose end state differs, are reported (so a paced report cannot pass blindly)."""
+    import argparse
+    convo = traffic.Conversation(0, 5, [[([1, 2], False), ([3], True)], [([4], True)]])
+    rows = [dict(conversation=0, chunk=k, wave=torch.tensor([w])) for k, w in enumerate([3.0, 3.5, 4.0])]
+    live = {0: {"prompt": (), "ttfa_ms": 10.0}}
+    saved = {0: [{"n": torch.full((1,), 2.0)}, {"n": torch.full((1,), 7.0)}]}  # turn 1 ends at 1 chunk, not 7
+    traffic._check_after(argparse.Namespace(seed=0), [convo], _Stock(), torch.device("cpu"), live, rows, saved)
+    assert [r["wave_equal"] for r in rows] == [True, False, True]
+    assert [r["state_checked"] for r in rows] == [False, True, True]
+    assert [r["state_equal"] for r in rows] == [True, True, False] and rows[2]["mismatched"] == ["n"]
+    assert all("wave" not in r and r["stock_ms"] >= 0 for r in rows) and len(live[0]["ttfa_ms"]) == 2
+
+
+def test_paced_traffic_is_exact_and_reports_latency_and_stalls(small, capsys, tmp_path):
+    """``--pace``: chunks arrive at the audio rate (on this CPU the small model is slower
+    than real time, so chunks are late and the player stalls: counted, not failed); stock
+    runs after the timed run on the same seeds, every chunk and every turn's end exact.
+    The same traffic as the test above (its programs, built there, are reused here)."""
+    code = cli.main(["traffic", "--model", SMALL, "--n-timesteps", "2", "--conversations", "2", "--turns", "2",
+                     "--prompt-range", "5,6", "--steady-range", "2,3", "--window-range", "8,10", "--flush-range",
+                     "3,5", "--pace", "--stagger-s", "0.5", "--idle", "--json", "--quiet", "--out", str(tmp_path)])
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == 0 and report["exact"] is True and report["pace"] is True, report
+    rows = json.loads((tmp_path / "traffic.json").read_text())["per_chunk"]
+    assert len(rows) == report["chunks"] and all(r["wave_equal"] and r["pcm_equal"] and r["state_equal"] for r in rows)
+    turns = {(r["conversation"], r["turn"]) for r in rows}
+    assert sum(r["state_checked"] for r in rows) == len(turns)  # each turn's end
+    assert all(r["latency_ms"] >= 0 and r["ready_s"] >= r["due_s"] and r["stall_ms"] >= 0 for r in rows)
+    for c in (0, 1):  # arrivals at the audio rate: a chunk is due when the one before would have played
+        mine = [r for r in rows if r["conversation"] == c]
+        assert mine[0]["due_s"] == 0.5 * c and mine[0]["turn_start"]
+        for a, b in zip(mine, mine[1:]):
+            assert b["due_s"] == pytest.approx(a["due_s"] + a["audio_s"], abs=1e-3)
+    assert report["stalls"] == sum(r["stall_ms"] > 0 for r in rows)
+    assert report["latency_ms_p50"] is not None and report["program_share"] == 1.0
+    assert "paced" in (tmp_path / "traffic.md").read_text()
