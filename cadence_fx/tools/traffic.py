@@ -88,6 +88,10 @@ def add_args(p) -> None:
                         "the one before; conversation c's voice at c x --stagger-s): latency from arrival, and "
                         "the stalls a player would hear; stock is checked after the timed run, on the same seeds")
     p.add_argument("--stagger-s", type=float, default=1.0, help="--pace: seconds between voices' arrivals")
+    p.add_argument("--no-warm-up", dest="warm_up", action="store_false",
+                   help="--pace: start the clock on a cold model (by default one voice of a length no conversation "
+                        "has is set up and closed first, as a service does before it takes traffic, so the "
+                        "symbolic trace is not in any conversation's way and every voice is a new length)")
     p.add_argument("--out", default=None, help="write traffic.json, traffic.md and traffic.png here")
     p.add_argument("--quiet", action="store_true")
 
@@ -287,6 +291,20 @@ def _paced(args, spec, convos, stock, opt, device, say, chunk, live, rows, idle)
                 queue.append((due, c.index, len(queue), ("chunk", t, ch, n == 0)))
                 due += audio_s(ch[0], ch[1], chunk.lookahead)
     saved: dict[int, list] = {c.index: [] for c in convos}  # the state at every turn's end
+    args.warm_up_tokens, args.warm_up_s = None, None
+    if args.warm_up:  # what a service does before it takes traffic: trace (or load) the symbolic steps
+        used = {c.prompt_tokens for c in convos}
+        lo, hi = args.prompt_range
+        free = [n for n in range(lo, hi + 1) if n not in used] or [hi + 1]
+        args.warm_up_tokens = free[len(free) // 2]
+        prompt = spec.prompt(argparse.Namespace(**{**vars(args), "prompt_tokens": args.warm_up_tokens,
+                                                   "seed": args.seed + 10_000}))
+        if say:
+            say(f"warm-up: a voice of {args.warm_up_tokens} tokens, set up and closed before the clock starts")
+        t_warm = time.perf_counter()
+        opt.open_session(*prompt).close()
+        sync(device)
+        args.warm_up_s = round(time.perf_counter() - t_warm, 3)
     t0 = time.perf_counter()
     for due, ci, _, event in sorted(queue, key=lambda q: q[:3]):
         wait = due - (time.perf_counter() - t0)
@@ -421,12 +439,12 @@ def _report(args, rules: str, convos, live, rows, device, percentile, idle=()) -
         "ttfa_ms_p50": round(percentile(ttfa, 50), 1), "stock_ttfa_ms_p50": round(percentile(stock_ttfa, 50), 1),
         "chunk_ms_p50": p50, "chunk_ms_p99": p99, "stock_chunk_ms_p50": s50, "stock_chunk_ms_p99": s99,
         "peak_mib": round(torch.cuda.max_memory_allocated(device) / 2**20, 1) if device.type == "cuda" else None,
-        **(_paced_report(rows, per, percentile, args.stagger_s) if args.pace else {"pace": False}),
+        **(_paced_report(args, rows, per, percentile) if args.pace else {"pace": False}),
         "per_conversation": per, "per_chunk": rows,
     }
 
 
-def _paced_report(rows, per, percentile, stagger_s: float) -> dict:
+def _paced_report(args, rows, per, percentile) -> dict:
     """``--pace``: latency from arrival (a turn's first chunk apart: it follows a set-up or
     a reset), and the player's stalls, overall and per conversation (added to ``per``)."""
     def lat(rs):
@@ -440,7 +458,8 @@ def _paced_report(rows, per, percentile, stagger_s: float) -> dict:
     inner = [r for r in rows if not r["turn_start"]]
     p50, p99 = lat(inner)
     t50, t99 = lat([r for r in rows if r["turn_start"]])
-    return {"pace": True, "stagger_s": stagger_s, "latency_ms_p50": p50, "latency_ms_p99": p99,
+    return {"pace": True, "stagger_s": args.stagger_s, "warm_up_tokens": args.warm_up_tokens, "warm_up_s": args.warm_up_s,
+            "latency_ms_p50": p50, "latency_ms_p99": p99,
             "turn_start_latency_ms_p50": t50, "turn_start_latency_ms_p99": t99,
             "stalls": sum(r["stall_ms"] > 0 for r in rows), "stall_ms": round(sum(r["stall_ms"] for r in rows), 1),
             "state_checked": "at every turn's end (after the timed run, on the same seeds)"}
@@ -480,7 +499,8 @@ def markdown(report: dict) -> str:
              "", f"background builds: {report['background']}; idle time between chunks: {report['idle']}"
              + (f" ({report['idle_s']} s in all, {report['captured_idle']} entries captured there)"
                 if report["idle"] else ""),
-             "", (f"paced (voices {report['stagger_s']} s apart, chunks at the audio rate): latency from arrival "
+             "", (f"paced (voices {report['stagger_s']} s apart, chunks at the audio rate; warm-up voice "
+                  f"{report['warm_up_tokens']} tokens, {report['warm_up_s']} s, before the clock): latency from arrival "
                   f"p50/p99 {report['latency_ms_p50']}/{report['latency_ms_p99']} ms (a turn's first chunk "
                   f"{report['turn_start_latency_ms_p50']}/{report['turn_start_latency_ms_p99']} ms); "
                   f"{report['stalls']} stalls, {report['stall_ms']} ms in all; stock checked after the timed run, "

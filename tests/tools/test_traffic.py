@@ -139,4 +139,6 @@ def test_paced_traffic_is_exact_and_reports_latency_and_stalls(small, capsys, tm
             assert b["due_s"] == pytest.approx(a["due_s"] + a["audio_s"], abs=1e-3)
     assert report["stalls"] == sum(r["stall_ms"] > 0 for r in rows)
     assert report["latency_ms_p50"] is not None and report["program_share"] == 1.0
+    # before the clock: a voice of a length no conversation has (5 and 6 are taken), set up and closed
+    assert report["warm_up_tokens"] == 7 and report["warm_up_s"] > 0
     assert "paced" in (tmp_path / "traffic.md").read_text()
