@@ -19,12 +19,15 @@ from cadence_fx.serving.ray import TailReplica  # noqa: E402
 
 
 class _Session:
-    """A conversation's session: logs its calls on the shared log; ``idle`` hands over
-    the entries left to capture (once), as ``PendingSession.idle`` does."""
+    """A conversation's session: logs its calls on the shared log; ``idle`` captures the
+    next landed entry, as ``PendingSession.idle`` does within a slice shorter than one
+    capture (logged as ``idle N``, or ``idle -`` when nothing is left)."""
 
     def __init__(self, log: list, gate: threading.Event | None):
         self.log, self.gate, self.to_capture = log, gate, [0, 1, 2]
         self.idle_fault: BaseException | None = None
+        self.capture_gate: threading.Event | None = None  # set: the next capture waits for it
+        self.capturing = threading.Event()
 
     def reset(self) -> None:
         if self.gate is not None:
@@ -32,11 +35,20 @@ class _Session:
         self.log.append("reset")
 
     def idle(self, seconds=None) -> list[int]:
-        self.log.append("idle")
+        assert seconds is not None and 0 < seconds < 0.5  # a slice: about one capture
         if self.idle_fault is not None:
+            self.log.append("idle !")
             raise self.idle_fault
-        got, self.to_capture = self.to_capture, []
-        return got
+        if not self.to_capture:
+            self.log.append("idle -")
+            return []
+        if self.capture_gate is not None:
+            self.capturing.set()
+            assert self.capture_gate.wait(30)
+            self.capture_gate = None
+        entry = self.to_capture.pop(0)
+        self.log.append(f"idle {entry}")
+        return [entry]
 
     def close(self) -> None:
         pass
@@ -48,14 +60,15 @@ class _Session:
 class _Model:
     device = torch.device("cpu")
 
-    def __init__(self, gate: threading.Event | None = None):
+    def __init__(self, gate: threading.Event | None = None, capture_gate: threading.Event | None = None):
         self.log: list = []
-        self.gate = gate
+        self.gate, self.capture_gate = gate, capture_gate
         self.sessions: list[_Session] = []
 
     def open_session(self, *prompt, stream=None) -> _Session:
         self.log.append("open")
         self.sessions.append(_Session(self.log, self.gate))
+        self.sessions[-1].capture_gate = self.capture_gate
         return self.sessions[-1]
 
 
@@ -78,7 +91,8 @@ def test_a_quiet_model_thread_gives_the_conversations_idle_time():
 
     assert asyncio.run(go()) == rep.incarnation
     _drain(rep)
-    assert model.log == ["open", "idle"]  # the set-up, then idle time once the thread was quiet
+    # the set-up, then idle time once the thread was quiet: a slice per entry, until none is left
+    assert model.log == ["open", "idle 0", "idle 1", "idle 2", "idle -"]
     load = asyncio.run(rep.load())  # what GET /load answers
     assert load["idle_runs"] == 1 and load["idle_captured"] == 3 and load["idle_errors"] == 0
     assert load["idle_s"] >= 0 and load["idle_last_error"] is None
@@ -94,6 +108,7 @@ def test_idle_time_never_runs_ahead_of_a_queued_call():
         gate.set()
         await rep.open("a")
         _drain(rep)
+        model.sessions[0].to_capture = [3]  # a build hands one more entry over
         del model.log[:]
         gate.clear()
         calls = [asyncio.ensure_future(rep.reset(rep.incarnation, "a")) for _ in range(3)]
@@ -104,8 +119,30 @@ def test_idle_time_never_runs_ahead_of_a_queued_call():
 
     asyncio.run(go())
     _drain(rep)
-    assert model.log == ["reset", "reset", "reset", "idle"]
+    assert model.log == ["reset", "reset", "reset", "idle 3", "idle -"]
     assert rep.idle_time["idle_runs"] == 2  # after the open, and after the three calls
+
+
+def test_a_call_that_arrives_during_idle_time_waits_for_one_capture_not_all():
+    """Idle time runs in slices of about one capture: a call queued while entry 0 is being
+    captured runs right after it, before entries 1 and 2 (captured after that call)."""
+    capture_gate = threading.Event()
+    model = _Model(capture_gate=capture_gate)
+    rep = _replica(model)
+
+    async def go():
+        await rep.open("a")  # the quiet model thread starts capturing entry 0, which waits
+        loop = asyncio.get_running_loop()
+        assert await loop.run_in_executor(None, model.sessions[0].capturing.wait, 30)
+        call = asyncio.ensure_future(rep.reset(rep.incarnation, "a"))
+        await asyncio.sleep(0.2)
+        assert rep._queued == 1 and model.log == ["open"]  # queued behind the capture under way
+        capture_gate.set()
+        await call
+
+    asyncio.run(go())
+    _drain(rep)
+    assert model.log == ["open", "idle 0", "reset", "idle 1", "idle 2", "idle -"]
 
 
 def test_no_idle_time_when_turned_off():
@@ -130,9 +167,9 @@ def test_a_failing_idle_is_counted_and_the_next_call_runs():
 
     asyncio.run(go())
     _drain(rep)
-    assert rep.idle_time["idle_errors"] == 2
+    assert rep.idle_time["idle_errors"] == 2  # one per quiet time: a failing slice ends it
     assert rep.idle_time["idle_last_error"] == "RuntimeError: capture exploded"
-    assert model.log.count("reset") == 2
+    assert model.log.count("reset") == 2 and model.log.count("idle !") == 2
 
 
 def test_build_optimized_turns_background_builds_on_when_asked(monkeypatch):
