@@ -17,7 +17,8 @@ and one ``TailRouter`` in front (the ingress, CPU only):
   ``background`` option), the entries a build handed over are captured there, not on a
   chunk, in slices of about one capture; a call that arrives meanwhile waits for at
   most the capture under way
-  (``idle=False`` turns this off; ``load()`` reports it).  Each replica process has an *incarnation* id; a conversation is
+  (``idle=False`` turns this off; ``load()`` reports it); while a build still runs it
+  looks again every ``IDLE_REARM_S``, so what lands is captured even if no call comes.  Each replica process has an *incarnation* id; a conversation is
   bound to the incarnation that opened it, so a replica that died and came back never
   serves a conversation whose state went with the old process.
 - The **router** places a new conversation by rendezvous hashing of its id (the first
@@ -47,6 +48,7 @@ conversation) open.
 
 import asyncio
 import os
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -68,6 +70,9 @@ from .replica import Replica, ReplicaFull, ReplicaLost, TickError, UnknownConver
 #: seconds of idle time per ``Replica.idle`` call in a replica's quiet time: about one
 #: capture (0.5-0.8 s on the H200 at 5 steps) runs past it, then a queued call goes first
 IDLE_SLICE_S = 0.05
+#: seconds after a quiet time that ended with a background build still running before the
+#: replica looks again (what lands meanwhile is captured then, not on the next chunk)
+IDLE_REARM_S = 0.5
 
 #: HTTP status of each refusal (anything else the library raises on bad input: 400)
 STATUS = {UnknownConversation: 404, ReplicaFull: 503, ReplicaLost: 410}
@@ -91,6 +96,7 @@ class TailReplica:
         self.idle_time = {"idle_runs": 0, "idle_captured": 0, "idle_s": 0.0, "idle_errors": 0,
                           "idle_last_error": None}
         self._queued = 0  # model-thread calls queued or running (counted on the event loop)
+        self._rearmed = threading.Event()  # a timer will look again (``_idle``)
         self._batch.set_max_batch_size(max_conversations)
         self._batch.set_batch_wait_timeout_s(batch_wait_s)
 
@@ -126,6 +132,20 @@ class TailReplica:
                 break
         self.idle_time["idle_runs"] += 1
         self.idle_time["idle_s"] = round(self.idle_time["idle_s"] + time.perf_counter() - t0, 6)
+        # a build still running lands later: look again then, even if no call comes meanwhile
+        builds_done = getattr(self.replica.model, "wait_for_builds", None)
+        if builds_done is not None and not self._rearmed.is_set() and not builds_done(0):
+            self._rearmed.set()
+            timer = threading.Timer(IDLE_REARM_S, self._rearm)
+            timer.daemon = True
+            timer.start()
+
+    def _rearm(self) -> None:
+        """The timer ``_idle`` set while a build ran: more idle time, unless a call is queued
+        (its completion starts idle time anyway)."""
+        self._rearmed.clear()
+        if not self._queued:
+            self._work.submit(self._idle)
 
     def _check(self, incarnation: str, conversation: Hashable) -> None:
         if incarnation != self.incarnation:

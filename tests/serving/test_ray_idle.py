@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 import torch
@@ -143,6 +144,37 @@ def test_a_call_that_arrives_during_idle_time_waits_for_one_capture_not_all():
     asyncio.run(go())
     _drain(rep)
     assert model.log == ["open", "idle 0", "reset", "idle 1", "idle 2", "idle -"]
+
+
+def test_while_a_build_runs_the_replica_looks_again_without_a_call(monkeypatch):
+    """A quiet time that ends with a background build still running re-arms itself: the
+    entry that lands later is captured then, though no call came (not on the next chunk)."""
+    from cadence_fx.serving import ray as cray
+    monkeypatch.setattr(cray, "IDLE_REARM_S", 0.05)
+    building = threading.Event()
+    building.set()
+    model = _Model()
+    model.wait_for_builds = lambda timeout=None: not building.is_set()
+    rep = _replica(model)
+    asyncio.run(rep.open("a"))
+    _drain(rep)
+    session = model.sessions[0]
+    session.to_capture = []  # nothing landed yet; the build runs
+    time.sleep(0.3)  # the replica looks again, finds nothing, and re-arms while the build runs
+    looked = model.log.count("idle -")
+    assert looked >= 2
+    session.to_capture = [5]  # the build lands
+    building.clear()
+    for _ in range(100):
+        if "idle 5" in model.log:
+            break
+        time.sleep(0.02)
+    _drain(rep)
+    assert "idle 5" in model.log and model.log.count("reset") == 0  # captured with no call in between
+    time.sleep(0.2)
+    settled = len(model.log)
+    time.sleep(0.2)
+    assert len(model.log) == settled  # builds done: it stops looking
 
 
 def test_no_idle_time_when_turned_off():
