@@ -73,6 +73,13 @@ def live_extent(stock: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return stock[tuple(slice(0, s) for s in like.shape)]
 
 
+def state_mismatches(stock_state: dict, state: dict) -> list[str]:
+    """The carried tensors of ``stock_state`` that ``state`` (an optimized session's, at
+    its live extents) lacks or holds with other bits (``torch.equal``)."""
+    return [name for name, t in stock_state.items()
+            if name not in state or not torch.equal(live_extent(t, state[name]), state[name])]
+
+
 def compare_streams(stock, optimized, chunks: list[tuple[list[int], bool]], device: torch.device,
                     progress: Callable[[str], None] | None = None, keep_pcm: bool = False,
                     seed: int | None = None) -> dict[str, Any]:
@@ -109,11 +116,7 @@ def compare_streams(stock, optimized, chunks: list[tuple[list[int], bool]], devi
         if keep_pcm:
             pcm_all["stock"].append(ps)
             pcm_all["optimized"].append(po)
-        mismatched = []
-        so = optimized.state()
-        for name, t in stock.state().items():
-            if name not in so or not torch.equal(live_extent(t, so[name]), so[name]):
-                mismatched.append(name)
+        mismatched = state_mismatches(stock.state(), optimized.state())
         wave_equal = torch.equal(stock.last_speech, optimized.last_speech)
         rows.append(ChunkReport(i, last, route, int(wave_s.shape[-1]), wave_equal, ps == po, not mismatched,
                                 mismatched, hashlib.sha256(po).hexdigest(), (t1 - t0) * 1e3, (t3 - t2) * 1e3))

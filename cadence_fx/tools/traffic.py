@@ -191,8 +191,7 @@ def _open(spec, args, c: Conversation, stock, opt, device, say) -> dict:
     from ..lockstep import sync
     if say:
         say(f"conversation {c.index + 1}: a voice of {c.prompt_tokens} tokens, {len(c.turns)} turn(s)")
-    prompt = spec.prompt(argparse.Namespace(**{**vars(args), "prompt_tokens": c.prompt_tokens,
-                                               "seed": args.seed + c.index}))
+    prompt = _prompt(spec, args, c.prompt_tokens, args.seed + c.index)
     mine = stock if c.index == 0 else copy.deepcopy(stock)  # a stock stream of its own
     sync(device)
     t0 = time.perf_counter()
@@ -204,6 +203,16 @@ def _open(spec, args, c: Conversation, stock, opt, device, say) -> dict:
     t2 = time.perf_counter()
     return {"prompt": prompt, "stock": mine, "session": session, "setup_s": (t1 - t0, t2 - t1),
             "setup": session.stats().get("setup_s"), "chunks": 0, "ttfa_ms": None}
+
+
+def _prompt(spec, args, tokens: int, seed: int):
+    """The seeded voice prompt of ``tokens`` tokens (the model's own prompt builder)."""
+    return spec.prompt(argparse.Namespace(**{**vars(args), "prompt_tokens": tokens, "seed": seed}))
+
+
+def _state_copy(session) -> dict:
+    """A device copy of a session's carried state (its live views), for a later check."""
+    return {r: t.clone() for r, t in session.state().items()}
 
 
 def _reset(c: dict) -> None:
@@ -227,7 +236,7 @@ def _idle(live: dict, device, seconds: float | None = None) -> tuple[float, int]
 
 def _chunk(c: dict, convo: Conversation, turn: int, ch, seed: int, device) -> dict:
     import torch
-    from ..lockstep import chunk_route, chunk_seed, live_extent, rng_state, set_rng_state, sync
+    from ..lockstep import chunk_route, chunk_seed, rng_state, set_rng_state, state_mismatches, sync
     from ..pcm import pcm_bytes
     tokens, last = ch
     i = c["chunks"]
@@ -246,8 +255,7 @@ def _chunk(c: dict, convo: Conversation, turn: int, ch, seed: int, device) -> di
     t3 = time.perf_counter()
     after = c["session"].stats()
     stock_wave, wave = c["stock"].last_speech, c["session"].last_speech
-    state, stock_state = c["session"].state(), c["stock"].state()
-    bad = [r for r, t in stock_state.items() if r not in state or not torch.equal(live_extent(t, state[r]), state[r])]
+    bad = state_mismatches(c["stock"].state(), c["session"].state())
     route = chunk_route(before, after)
     if i == 0:
         c["ttfa_ms"] = ((c["setup_s"][0] + t3 - t2) * 1e3, (c["setup_s"][1] + t1 - t0) * 1e3)
@@ -298,8 +306,7 @@ def _paced(args, spec, convos, stock, opt, device, say, chunk, live, rows, idle)
         lo, hi = args.prompt_range
         free = [n for n in range(lo, hi + 1) if n not in used] or [hi + 1]
         args.warm_up_tokens = free[len(free) // 2]
-        prompt = spec.prompt(argparse.Namespace(**{**vars(args), "prompt_tokens": args.warm_up_tokens,
-                                                   "seed": args.seed + 10_000}))
+        prompt = _prompt(spec, args, args.warm_up_tokens, args.seed + 10_000)
         if say:
             say(f"warm-up: a voice of {args.warm_up_tokens} tokens, set up and closed before the clock starts")
         t_warm = time.perf_counter()
@@ -316,15 +323,14 @@ def _paced(args, spec, convos, stock, opt, device, say, chunk, live, rows, idle)
             time.sleep(wait)
         c = convos[ci]
         if event[0] == "open":
-            prompt = spec.prompt(argparse.Namespace(**{**vars(args), "prompt_tokens": c.prompt_tokens,
-                                                       "seed": args.seed + ci}))
+            prompt = _prompt(spec, args, c.prompt_tokens, args.seed + ci)
             if say:
                 say(f"conversation {ci + 1}: a voice of {c.prompt_tokens} tokens at {due:.1f} s")
             live[ci] = {"prompt": prompt, "session": opt.open_session(*prompt), "chunks": 0, "due0": due}
             continue
         session = live[ci]["session"]
         if event[0] == "reset":
-            saved[ci].append({r: t.clone() for r, t in session.state().items()})
+            saved[ci].append(_state_copy(session))
             session.reset()
             continue
         _, turn, (tokens, last), first = event
@@ -344,7 +350,7 @@ def _paced(args, spec, convos, stock, opt, device, say, chunk, live, rows, idle)
             live[ci]["ttfa_ms"] = (ready - live[ci]["due0"]) * 1e3
         live[ci]["chunks"] += 1
     for ci, c in live.items():
-        saved[ci].append({r: t.clone() for r, t in c["session"].state().items()})
+        saved[ci].append(_state_copy(c["session"]))
     for ci in live:
         player([r for r in rows if r["conversation"] == ci])
     _check_after(args, convos, stock, device, live, rows, saved)
@@ -355,7 +361,7 @@ def _check_after(args, convos, stock, device, live, rows, saved) -> None:
     again per voice and turn): each chunk's waveform and PCM, and the state at each turn's
     end, against what the optimized session gave; stock's own timings, uncontended."""
     import torch
-    from ..lockstep import chunk_seed, live_extent, sync
+    from ..lockstep import chunk_seed, state_mismatches, sync
     from ..pcm import pcm_bytes
     for c in convos:
         prompt, mine = live[c.index]["prompt"], [r for r in rows if r["conversation"] == c.index]
@@ -383,9 +389,7 @@ def _check_after(args, convos, stock, device, live, rows, saved) -> None:
                 del r["wave"]
                 if r["chunk"] == 0:
                     live[c.index]["ttfa_ms"] = (live[c.index]["ttfa_ms"], (setup_s + r["stock_ms"] / 1e3) * 1e3)
-            state, stock_state = next(ends), stock.state()  # the turn's end: every carried tensor
-            r["mismatched"] = [k for k, v in stock_state.items()
-                               if k not in state or not torch.equal(live_extent(v, state[k]), state[k])]
+            r["mismatched"] = state_mismatches(stock.state(), next(ends))  # the turn's end: every carried tensor
             r["state_equal"], r["state_checked"] = not r["mismatched"], True
 
 

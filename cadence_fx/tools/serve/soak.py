@@ -16,14 +16,13 @@ def check_chunk_against_stock(tail, session, tokens: list[int], seed: int, hooks
     PCM and every next state."""
     import torch
     from ...pcm import pcm_bytes
-    from ...lockstep import live_extent
+    from ...lockstep import state_mismatches
     hooks.load_stock_state(tail, session)
     torch.manual_seed(seed)
     wave_s = tail.stream(tokens, return_waveform=True)
     torch.manual_seed(seed)
     wave_o = session.stream(tokens, return_waveform=True)
-    mine = session.state()
-    mismatched = [k for k, t in tail.state().items() if k not in mine or not torch.equal(live_extent(t, mine[k]), mine[k])]
+    mismatched = state_mismatches(tail.state(), session.state())
     wave_equal = torch.equal(tail.last_speech, session.last_speech)
     ps, po = pcm_bytes(wave_s), pcm_bytes(wave_o)
     hooks.clear_stock_state(tail)  # the stock side keeps nothing between checkpoints
