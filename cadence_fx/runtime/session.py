@@ -110,6 +110,11 @@ def check_idle_seconds(seconds: Any) -> None:
         raise InputError(f"idle(seconds=...) takes None (no bound) or a number of seconds >= 0; got {seconds!r}")
 
 
+def time_left(seconds: float | None, since: float) -> float | None:
+    """What is left of an ``idle(seconds)`` budget started at ``since`` (``perf_counter``; None: no bound)."""
+    return None if seconds is None else seconds - (time.perf_counter() - since)
+
+
 class Session:
     """One stream: its arena, its clock position and its counters.
 

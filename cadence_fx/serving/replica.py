@@ -21,7 +21,7 @@ import time
 from typing import Any, Callable, Collection, Hashable, Sequence
 
 from ..errors import CadenceError, InputError
-from ..runtime.session import check_idle_seconds
+from ..runtime.session import check_idle_seconds, time_left
 from .tick import TickError, run_tick
 
 
@@ -96,7 +96,7 @@ class Replica:
         check_idle_seconds(seconds)
         t0, out = time.perf_counter(), {}
         for conversation, session in list(self._sessions.items()):
-            left = _time_left(seconds, t0)
+            left = time_left(seconds, t0)
             if left is not None and left <= 0:
                 break
             try:
@@ -134,11 +134,6 @@ class Replica:
             raise UnknownConversation(f"no conversation {conversation!r} is open on {self.name}; open it first "
                                       f"(or it was closed)")
         return self._sessions[conversation]
-
-
-def _time_left(seconds: float | None, since: float) -> float | None:
-    """What is left of a ``seconds`` budget started at ``since`` (None: no bound)."""
-    return None if seconds is None else seconds - (time.perf_counter() - since)
 
 
 def _known(conversation: Hashable, table: dict) -> bool:
@@ -201,7 +196,7 @@ class Router:
         check_idle_seconds(seconds)
         t0, out = time.perf_counter(), {}
         for i, replica in enumerate(self.replicas):
-            left = _time_left(seconds, t0)
+            left = time_left(seconds, t0)
             if left is not None and left <= 0:
                 break
             if i not in self._lost:

@@ -223,10 +223,11 @@ def _reset(c: dict) -> None:
 def _idle(live: dict, device, seconds: float | None = None) -> tuple[float, int]:
     """Idle time for every live session (``session.idle()``, ``seconds`` in all): seconds, entries captured."""
     from ..lockstep import sync
+    from ..runtime.session import time_left
     t0 = time.perf_counter()
     captured = 0
     for c in live.values():
-        left = None if seconds is None else seconds - (time.perf_counter() - t0)
+        left = time_left(seconds, t0)
         if left is not None and left <= 0:
             break
         captured += len(c["session"].idle(left))
