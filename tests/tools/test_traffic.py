@@ -142,3 +142,9 @@ def test_paced_traffic_is_exact_and_reports_latency_and_stalls(small, capsys, tm
     # before the clock: a voice of a length no conversation has (5 and 6 are taken), set up and closed
     assert report["warm_up_tokens"] == 7 and report["warm_up_s"] > 0
     assert "paced" in (tmp_path / "traffic.md").read_text()
+
+
+@pytest.mark.parametrize("bad", ["-1", "nan"])
+def test_a_bad_stagger_is_refused_by_name_before_anything_is_built(bad):
+    with pytest.raises(SystemExit, match="--stagger-s must be a number of seconds >= 0"):
+        cli.main(["traffic", "--model", "token2wav", "--pace", "--stagger-s", bad, "--quiet"])
