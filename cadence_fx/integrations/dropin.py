@@ -14,7 +14,6 @@ codecs share: one adapter, one executable, and ``reset()`` for a new stream.
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import os
 import threading
 import time
@@ -26,7 +25,7 @@ from ..adapter import StreamingAdapter
 from ..compiler import check_rules, compile_executable, open_session
 from ..errors import CadenceError, RulesError
 from ..programs import ProgramStore, open_disk_cache
-from ..runtime.pending import Build
+from ..runtime.pending import CONFIGURATION, OFF_CATALOG, Build, BuildQueue
 from ..runtime.variants import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, DEFAULT_POLICY, check_policy
 from ..step import Rules
 from .frames import FrameSession
@@ -75,7 +74,7 @@ class DropIn:
         self._builds: dict[Hashable, Build] = {}  # configurations being built on the worker
         #: configurations whose background build failed, with why: their next set-up builds here
         self.foreground_only: dict[Hashable, str] = {}
-        self._worker: concurrent.futures.ThreadPoolExecutor | None = None
+        self._worker: BuildQueue | None = None
         self._worker_lock = threading.Lock()  # creating the worker (a leaf: nothing is taken inside)
         self._exe_lock = threading.RLock()  # the two dicts above and _executables, shared with the worker
         #: symbolic steps shared by every stream configuration of this model (one trace
@@ -110,7 +109,7 @@ class DropIn:
 
     def _keep(self, key: Hashable, exe) -> None:
         if exe.variants is not None:  # its off-catalog programs build where the configuration's would
-            exe.variants.background = self._submit if self.background else None
+            exe.variants.background = self._submit_off_catalog if self.background else None
         self._executables[key] = exe
         self._executables.move_to_end(key)
         while len(self._executables) > self.max_executables:
@@ -137,13 +136,18 @@ class DropIn:
             return None, build
         return self._executable(key, adapter), None
 
-    def _submit(self, label: str, run: Callable[[], Any]) -> Build:
-        """A ``Build`` of ``run`` on this drop-in's worker thread (one at a time), not started yet.
+    def _submit(self, label: str, run: Callable[[], Any], rank: int = CONFIGURATION) -> Build:
+        """A ``Build`` of ``run`` on this drop-in's worker thread (one at a time; a stream
+        configuration's before an off-catalog program's: ``BuildQueue``), not started yet.
         Takes only ``_worker_lock`` (a leaf): ``Variants`` calls it holding its own lock."""
         with self._worker_lock:
             if self._worker is None:
-                self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cadence-fx-build")
-            return Build(label, run, self._worker)
+                self._worker = BuildQueue()
+            return Build(label, run, self._worker, rank)
+
+    def _submit_off_catalog(self, label: str, run: Callable[[], Any]) -> Build:
+        """``_submit`` at rank ``OFF_CATALOG``: what ``Variants`` builds in the background."""
+        return self._submit(label, run, OFF_CATALOG)
 
     def _start_build(self, key: Hashable, adapter: StreamingAdapter) -> Build:
         """(Holding ``_exe_lock``.)  Compile ``key``'s executable on the worker thread."""
@@ -200,7 +204,7 @@ class DropIn:
         with self._exe_lock:
             for exe in self._executables.values():
                 if exe.variants is not None:
-                    exe.variants.background = self._submit if on else None
+                    exe.variants.background = self._submit_off_catalog if on else None
 
     def _replace_session(self, session) -> None:
         """``session`` becomes the default stream; the one it replaces is closed (after the

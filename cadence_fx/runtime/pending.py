@@ -32,6 +32,9 @@ drop-in does not make the stream wait for it:
    configuration in the foreground at its next set-up (and raises there if the
    error is the model's).
 
+The drop-in's worker is a ``BuildQueue``: one build at a time, a stream
+configuration's before any off-catalog program's (``runtime.variants``).
+
 ``stats()["background"]`` says whether and when the session took its executable,
 how long the build queued and ran, and why chunks still run eagerly.
 
@@ -49,6 +52,8 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import heapq
+import itertools
 import sys
 import threading
 import time
@@ -64,6 +69,10 @@ from .session import Executable, Session, check_idle_seconds
 
 #: the counted reason of a chunk that ran before its executable was ready
 WAITING = "building in the background (eager until ready)"
+#: a ``BuildQueue`` rank: a stream configuration's build (a new voice: every later chunk of it runs its programs)
+CONFIGURATION = 0
+#: a ``BuildQueue`` rank: one off-catalog chunk shape's program (a window or flush length: rarely seen again)
+OFF_CATALOG = 1
 #: CPython's thread switch interval while a build runs (see the module docstring)
 SWITCH_INTERVAL_S = 2e-5
 
@@ -92,6 +101,79 @@ def quick_switches() -> "contextlib.AbstractContextManager[None]":
                 sys.setswitchinterval(_switch_saved)
 
 
+class BuildQueue(concurrent.futures.Executor):
+    """A drop-in's build worker: one thread that runs the submitted builds one at a time,
+    the lowest rank first and, within a rank, in the order they came.
+
+    A stream configuration's build (``CONFIGURATION``) serves every later chunk of its
+    streams; an off-catalog program (``OFF_CATALOG``) serves one chunk shape, which real
+    traffic rarely sends twice (a turn-end window or a flush of a given length, at a given
+    voice).  First come, first served let the latter hold a new voice's build back: on the
+    H200, eight voices arriving a second apart queued 36 window and flush builds beside
+    their own 8 (paced traffic, 2026-12-02).  An off-catalog build waits while any
+    configuration's is queued.  The thread ends when nothing is queued (the next submit
+    starts another), and is not a daemon: the interpreter's exit waits for the build
+    that runs, as ``concurrent.futures.ThreadPoolExecutor``'s does."""
+
+    def __init__(self, name: str = "cadence-fx-build"):
+        self._name = name
+        self._cv = threading.Condition()
+        self._heap: list[tuple] = []
+        self._order = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._shut = False
+
+    def submit(self, fn, /, *args, **kwargs) -> concurrent.futures.Future:
+        """``fn(*args, **kwargs)`` at rank ``CONFIGURATION``."""
+        return self.submit_ranked(CONFIGURATION, fn, *args, **kwargs)
+
+    def submit_ranked(self, rank: int, fn, /, *args, **kwargs) -> concurrent.futures.Future:
+        """``fn(*args, **kwargs)`` after every build queued at a lower rank, or at this rank before it."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._cv:
+            if self._shut:
+                raise RuntimeError("this build queue is shut down")
+            heapq.heappush(self._heap, (rank, next(self._order), future, fn, args, kwargs))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._work, name=self._name)
+                self._thread.start()
+            self._cv.notify()
+        return future
+
+    def queued(self) -> list[int]:
+        """The ranks of the builds waiting for the thread, in the order they will run."""
+        with self._cv:
+            return [item[0] for item in sorted(self._heap, key=lambda item: item[:2])]
+
+    def _work(self) -> None:
+        while True:
+            with self._cv:
+                if not self._heap:
+                    self._thread = None  # a later submit starts another
+                    self._cv.notify_all()
+                    return
+                _, _, future, fn, args, kwargs = heapq.heappop(self._heap)
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as e:  # as ThreadPoolExecutor's work items: the caller reads it
+                future.set_exception(e)
+            else:
+                future.set_result(result)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        with self._cv:
+            self._shut = True
+            if cancel_futures:
+                for item in self._heap:
+                    item[2].cancel()
+                self._heap.clear()
+            thread = self._thread
+        if wait and thread is not None:
+            thread.join()
+
+
 class Build:
     """One executable compiled on a worker thread: ``run()`` under the foreground fence,
     with the caller's grad and inference modes, holding the device lock.
@@ -101,8 +183,10 @@ class Build:
     the time to first audio is made of, never share the interpreter with a build of
     their own.  ``wait`` starts it too."""
 
-    def __init__(self, label: str, run: Callable[[], Executable], executor: concurrent.futures.Executor):
+    def __init__(self, label: str, run: Callable[[], Executable], executor: concurrent.futures.Executor,
+                 rank: int = CONFIGURATION):
         self.label = label
+        self.rank = rank  # its place in a ``BuildQueue`` (another executor runs builds as they come)
         self._landed: dict[int, Any] = {}  # entry index -> its program, as the build hands them over
         self.submitted: float | None = None
         self.started: float | None = None
@@ -119,7 +203,10 @@ class Build:
                 return
             (run, executor), self._pending = self._pending, None
             self.submitted = time.perf_counter()
-            self._future = executor.submit(self._run, run, self._grad, self._inference)
+            if isinstance(executor, BuildQueue):
+                self._future = executor.submit_ranked(self.rank, self._run, run, self._grad, self._inference)
+            else:
+                self._future = executor.submit(self._run, run, self._grad, self._inference)
 
     def _run(self, run: Callable[[], Executable], grad: bool, inference: bool) -> Executable:
         with device_work.LOCK, quick_switches():  # no capture while the build touches the device

@@ -249,6 +249,9 @@ def test_an_off_catalog_chunk_never_waits_for_its_program_in_the_background(back
         routes = [c["route"] for c in first["per_chunk"]]
         assert routes[:3] == ["graph entry 0", "graph entry 1", "graph entry 2"], routes
         assert routes[3].startswith("fallback:") and "building in the background" in routes[3], routes
+        # the window's and the flush's programs queue behind any new voice's build (BuildQueue)
+        handles = session.session.executable.variants.pending()
+        assert len(handles) == 2 and all(h.rank == pending.OFF_CATALOG for h in handles), handles
         assert t2w.opt.wait_for_builds(300)
         session.reset()
         t2w.tail.set_stream_cache(*prompt)
