@@ -47,9 +47,22 @@ class FrameStream:
                              f"send every frame with last_chunk=False")
 
 
+@contextlib.contextmanager
 def on_stream(stream):
-    """``torch.cuda.stream(stream)``, or nothing for None (CPU, or no stream given)."""
-    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+    """``torch.cuda.stream(stream)`` after ``stream`` waits for the caller's current stream,
+    or nothing for None (CPU, or no stream given).
+
+    The wait is PyTorch's own rule for a tensor handed from one stream to another: what
+    the caller made on its stream (a frame it sent, a snapshot it restores) is complete
+    before this session's stream reads it.  An event, no host wait."""
+    if stream is None:
+        yield
+        return
+    caller = torch.cuda.current_stream(stream.device)
+    if caller != stream:
+        stream.wait_stream(caller)
+    with torch.cuda.stream(stream):
+        yield
 
 
 class PendingChunk:
@@ -169,11 +182,20 @@ class FrameSession(StreamSession, FrameStream):
     @torch.inference_mode()
     def submit(self, frame: Any, last_chunk: bool = False) -> PendingChunk:
         """Launch one frame on this session's stream (CUDA) and return without waiting.
-        The frame is checked on the host first: a bad one launches nothing."""
+        The frame is checked on the host first: a bad one launches nothing.
+
+        The frame's device tensor is made on this session's stream, and a tensor of the
+        caller's that is used as it is (a VibeVoice latent on the device already) is marked
+        as used by that stream: freed, either goes back to the allocator only once this
+        stream is past it.  (Made on the caller's stream and freed when this returns, the
+        next session's frame could take its memory before this stream had read it: a
+        Mimi frame read as garbage codes on the H200, 2026-12-02.)"""
         self._check_open("submit")
         self._refuse_flush(last_chunk)
-        frame = self._frame(frame)
         with on_stream(self.cuda_stream):
+            frame = self._frame(frame)
+            if self.cuda_stream is not None and frame.is_cuda:
+                frame.record_stream(self.cuda_stream)
             self.last_speech = self._step(self.session, frame)
         return PendingChunk(self.last_speech, self.cuda_stream)
 

@@ -275,3 +275,43 @@ def test_sessions_overlapped_on_their_own_streams_are_exact_on_cuda(mm):
     for sess in sessions:
         assert sess.stats()["fallback_total"] == 0 and sess.stats()["replays"] == {"0": frames}, sess.stats()
         sess.close()
+
+
+@needs_moshi
+@cuda
+def test_a_frame_sent_to_a_busy_session_is_read_as_sent_not_as_the_next_one(mm):
+    """The frame's device copy must live until the session's stream has read it.  The
+    session's stream is kept busy (``torch.cuda._sleep``) so its read of the frame comes
+    late; right after ``submit`` returns, the caller's stream makes another frame of the
+    same size (another session's, say) and drops it.  Had the sent frame been made on the
+    caller's stream and freed at the return, that frame would take its memory and the
+    session would decode the wrong codes (a wrong chunk, or a device-side assert for codes
+    out of range: the overlapped test above, on the H200, 2026-12-02)."""
+    import cadence_fx
+    from cadence_fx.integrations.moshi.inputs import codes_tensor
+    from cadence_fx.lockstep import deterministic_protocol
+    deterministic_protocol()
+    stock = mm.MimiDecoder(mm.build_mimi(seed=0).cuda())
+    opt = cadence_fx.optimize(stock, rules="SRc")
+    codes = mm.synthetic_codes(3, seed=90)
+    others = mm.synthetic_codes(3, seed=91)
+    want = []
+    stock.reset()
+    for c, _ in codes:
+        stock.stream(c)
+        want.append((stock.last_speech.clone(), {k: v.clone() for k, v in stock.state().items()}))
+    session = opt.open_session(stream=torch.cuda.Stream())
+    for k, (c, _) in enumerate(codes):
+        with torch.cuda.stream(session.cuda_stream):
+            torch.cuda._sleep(200_000_000)  # ~0.1 s of the session's stream before it reads the frame
+        pending = session.submit(c)
+        for _ in range(4):  # the caller's stream makes frames of the same size and lets them go
+            codes_tensor(others[k][0], torch.device("cuda"))
+        pending.result()
+        speech, state = want[k]
+        assert torch.equal(session.last_speech, speech), f"frame {k}: the session decoded other codes"
+        live = session.state()
+        for name, t in state.items():
+            assert torch.equal(live_extent(t, live[name]), live[name]), f"frame {k}: state {name}"
+    assert session.stats()["replays"] == {"0": len(codes)}, session.stats()
+    session.close()
