@@ -210,7 +210,8 @@ def _compile(adapter: StreamingAdapter, rules: "str | Rules",
         if rules.stable_state and programs is not None and adapter.symbolic_dims():
             gm = specialized_entry(adapter, lambda d: build_plan(adapter, d), plan, entry, by_region, programs,
                                    setup, say)
-        with _generators_fenced(gm is not None, devices, f"tracing catalog entry {entry.index + 1}"):
+        what = f"tracing catalog entry {entry.index + 1}/{len(plan.catalog)}"
+        with _generators_fenced(gm is not None, devices, what):
             for attempt in range(3):
                 if gm is not None:
                     break

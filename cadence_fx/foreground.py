@@ -15,7 +15,8 @@ repeat numbers: a wrong chunk.
   ``NeedsForeground`` on a thread inside ``background()``.
 - ``background()``: marks the worker's block, and refuses (a dispatch mode on that
   thread only) any random op that would draw from a default generator; an op given
-  its own ``generator=`` draws from that one, which is allowed.
+  its own ``generator=`` draws from that one, which is allowed, and so is one on fake
+  or meta tensors (a symbolic trace's), which runs no kernel and draws nothing.
 
 A refused build costs nothing but speed: its stream stays on the eager path (the
 reason counted) and the configuration's next set-up builds in the foreground.
@@ -53,12 +54,29 @@ def _own_generator(args, kwargs) -> bool:
     return kwargs.get("generator") is not None or any(isinstance(a, torch.Generator) for a in args)
 
 
+def _runs_for_real(args, kwargs) -> bool:
+    """Whether an op on these arguments runs a real kernel.  Not under a fake-tensor mode
+    (a symbolic trace's: it runs every op, a random one too, on meta tensors, and never
+    propagates a random op's constants), nor on fake or meta tensors: those draw nothing."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+    if any(isinstance(m, FakeTensorMode) for m in _get_current_dispatch_mode_stack()):
+        return False
+    tensors = [a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+    if tensors:
+        return any(not isinstance(t, FakeTensor) and t.device.type != "meta" for t in tensors)
+    device = kwargs.get("device")
+    return device is None or torch.device(device).type != "meta"
+
+
 class _NoDefaultDraws(TorchDispatchMode):
-    """Refuses, on the thread it is entered on, every random op that has no generator of its own."""
+    """Refuses, on the thread it is entered on, every random op that has no generator of
+    its own and would run for real (on fake or meta tensors it draws nothing)."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if torch.Tag.nondeterministic_seeded in func.tags and not _own_generator(args, kwargs):
+        if torch.Tag.nondeterministic_seeded in func.tags and not _own_generator(args, kwargs) \
+                and _runs_for_real(args, kwargs):
             raise NeedsForeground(f"{func} would draw from a default random generator")
         return func(*args, **kwargs)
 

@@ -318,6 +318,30 @@ def test_the_fence_refuses_what_only_the_foreground_may_do():
     assert seen == [False]  # per thread: the foreground of another thread is not fenced
 
 
+def test_the_fence_lets_a_symbolic_trace_through_and_its_random_ops_draw_nothing():
+    """A symbolic trace runs the step on fake tensors, random ops too: on a build's thread it
+    is neither refused nor forks (a fork's restore would rewind the stream's generator), and
+    the global generator is where it was.  A real draw in the same block is still refused."""
+    from cadence_fx.passes.trace_symbolic import _generators_fenced
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def step(x):
+        noise = torch.rand(x.shape[0], 3, device=x.device)  # upstream's vocoder draws like this
+        return torch.nn.functional.dropout(x, 0.1, False) + noise + torch.randn_like(x)
+
+    before = torch.random.get_rng_state()
+    with foreground.background():
+        with _generators_fenced():  # nothing to fork on the worker
+            gm = make_fx(step, pre_dispatch=True, tracing_mode="symbolic")(torch.ones(4, 3))
+        with pytest.raises(NeedsForeground, match="default random generator"):
+            torch.rand(2)
+    assert torch.equal(torch.random.get_rng_state(), before)
+    targets = {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}
+    assert {"aten.rand.default", "aten.randn_like.default"} <= targets, targets
+    assert not foreground.in_background()
+    assert isinstance(_generators_fenced(), type(torch.random.fork_rng([])))  # the foreground forks
+
+
 @cuda
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_on_cuda_each_entry_is_captured_when_a_chunk_first_needs_it_and_replays_exactly(dtype, monkeypatch):
