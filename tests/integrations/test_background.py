@@ -393,6 +393,42 @@ def test_on_cuda_each_entry_is_captured_when_a_chunk_first_needs_it_and_replays_
 
 
 @cuda
+def test_on_cuda_a_voice_of_another_branch_class_is_traced_on_the_worker_and_replays_exactly():
+    """The first voice (13 tokens: 26 + 49 frames divide by 25) traces the rarer branch class;
+    the next voice's length (23 tokens) is outside that trace's guards, so its background
+    build traces a second symbolic variant on the worker (fake tensors: the fence lets its
+    random ops through) while the stream runs eagerly; then its chunks replay.  Every chunk
+    exact against stock.  (On the H200, 2026-12-02, such builds failed as needing the
+    foreground, and the failure refused the entries' symbolic keys for the process.)"""
+    with deterministic_protocol_restored():
+        dev = torch.device("cuda")
+        flow, hift = s2.build_modules(0)
+        tail = s2.Token2WavTail(flow.cuda(), hift.cuda(), n_timesteps=2)
+        opt = cadence_fx.optimize(tail, rules="SRc", background=True, cache=False)  # no other test's programs
+        first = s2.synthetic_prompt(13, seed=13, device="cuda")
+        tail.set_stream_cache(*first)
+        opt.set_stream_cache(*first)  # the first length compiles in the foreground (it traces)
+        assert [e["variant"] for e in opt.session.executable.notes["setup"].values()] == [0, 0, 0]
+        prompt = s2.synthetic_prompt(23, seed=23, device="cuda")
+        tail.set_stream_cache(*prompt)
+        opt.set_stream_cache(*prompt)
+        assert isinstance(opt.session, PendingSession)
+        chunks = s2.synthetic_chunks(5, seed=23, final_tokens=9)
+        before = compare_streams(tail, opt, chunks[:1], dev, seed=231)
+        assert before["exact"], before["mismatches"]
+        assert opt.wait_for_builds(300)
+        report = compare_streams(tail, opt, chunks[1:], dev, seed=232)
+        assert report["exact"], report["mismatches"]
+        assert report["pcm_sha256_stock"] == report["pcm_sha256_optimized"]
+        routes = [c["route"] for c in report["per_chunk"]]
+        assert routes == ["replay entry 1", "replay entry 2", "replay entry 2",
+                          "fallback: flags last_chunk outside the catalog (eager)"], routes
+        setup = opt.session.executable.notes["setup"]
+        assert [(e["how"], e["variant"]) for e in setup.values()] == [("traced symbolic, specialized", 1)] * 3, setup
+        assert opt.stats()["background"]["taken"] and not any("failed" in r for r in opt.stats()["fallbacks"])
+
+
+@cuda
 def test_on_cuda_idle_time_captures_the_landed_entries_so_no_chunk_pays_a_capture():
     """``idle()`` between two chunks captures every entry the build handed over, on the
     session's arena (the live state saved and put back): the chunks after it replay at
