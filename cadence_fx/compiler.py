@@ -158,7 +158,8 @@ def compile_executable(adapter: StreamingAdapter, rules: "str | Rules" = "S",
 
     ``off_catalog`` (rules with S): what a chunk the catalog does not hold does (a
     shorter window, a flush, the steps after them): ``"eager"`` runs the exact eager
-    path, counted; ``"specialize"`` builds it a program on first use (``runtime.variants``:
+    path, counted; ``"specialize"`` builds it a program on first use, ``"repeat"`` the
+    second time its shape comes (``runtime.variants``:
     at most ``max_specializations`` programs and ``max_specialization_bytes`` of their
     constants per executable, least recently used out first).
 

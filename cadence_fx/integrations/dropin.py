@@ -186,7 +186,8 @@ class DropIn:
                         max_specialization_bytes: int | None = None) -> None:
         """What a chunk the catalog does not hold does, from now on, for every stream
         configuration (compiled already or not): ``"specialize"`` (its own program, built on
-        first use) or ``"eager"`` (the exact eager path).  ``None`` keeps a bound as it is."""
+        first use), ``"repeat"`` (built the second time its shape comes) or ``"eager"`` (the
+        exact eager path).  ``None`` keeps a bound as it is."""
         _, most, most_bytes = self.off_catalog
         most = most if max_specializations is None else max_specializations
         most_bytes = most_bytes if max_specialization_bytes is None else max_specialization_bytes

@@ -17,7 +17,13 @@ past ``max_entries`` programs or ``max_bytes`` of their own constants (folded ho
 constants and graph constants; parameters are the model's and are not counted).  A key
 whose build was refused (e.g. a next state past the arena's capacity) is remembered
 with its reason and runs the exact eager path, counted.  Under the ``"eager"`` policy
-nothing is built: every such chunk runs the eager path, as before.
+nothing is built: every such chunk runs the eager path, as before.  Under ``"repeat"`` a
+key's program is built the second time the key is seen: its first chunk runs the eager
+path (``FIRST_SIGHT``, counted) and only the key is remembered (the last
+``SEEN_MAX`` keys).  Real duplex traffic sends a turn-end window and a flush of a new
+length at nearly every turn of every voice; on the H200, 39 such shapes of 8 paced
+conversations were built in the background and none was run again (2026-12-02), each
+build holding the host thread and the device lock away from the voices' own.
 
 The build runs on the calling stream's thread, before the chunk: the first chunk of a
 new shape waits for it (seconds; ``stats()["variants"]["build_s"]``), later chunks of
@@ -52,8 +58,14 @@ BUILDING = "its program is building in the background"
 NEEDS_FOREGROUND = ("its program needs a trace on the stream's thread, which a chunk never waits for while "
                     "builds are in the background (background=False builds it on the next chunk of its shape)")
 
-#: what an off-catalog chunk does: built and run by its own program, or run eagerly
-POLICIES = ("specialize", "eager")
+#: the reason of an off-catalog chunk run eagerly because its shape had not been seen before (policy "repeat")
+FIRST_SIGHT = "the first chunk of its shape (policy 'repeat': its program is built if the shape comes again)"
+#: how many keys seen once a ``Variants`` remembers under "repeat" (least recently seen out first)
+SEEN_MAX = 4096
+
+#: what an off-catalog chunk does: built and run by its own program (on first use, or the
+#: second time its shape comes), or run eagerly
+POLICIES = ("specialize", "repeat", "eager")
 #: the library's default: a build waits seconds on the chunk that triggers it; eager is stock speed
 DEFAULT_POLICY = "eager"
 DEFAULT_MAX_ENTRIES = 32
@@ -143,6 +155,8 @@ class Variants:
         #: thread (see the module docstring)
         self.background: Callable[[str, Callable[[], tuple]], Any] | None = None
         self._pending: dict[VariantKey, Any] = {}  # key -> its build's handle
+        self._seen: collections.OrderedDict[VariantKey, None] = collections.OrderedDict()  # "repeat": seen once
+        self.first_sights = 0  # chunks run eagerly as the first of their shape ("repeat")
         self._foreground_only: dict[VariantKey, str] = {}  # key -> why its background build could not run
 
     def get(self, key: VariantKey, inputs: Mapping[str, torch.Tensor]) -> tuple[Any | None, str | None]:
@@ -156,6 +170,14 @@ class Variants:
                 return hit.program, None
             if key in self._refused:
                 return None, self._refused[key]
+            if self.policy == "repeat" and key not in self._pending and key not in self._foreground_only:
+                if key not in self._seen:  # the first of its shape: remembered, not built
+                    self._seen[key] = None
+                    while len(self._seen) > SEEN_MAX:
+                        self._seen.popitem(last=False)
+                    self.first_sights += 1
+                    return None, FIRST_SIGHT
+                del self._seen[key]  # the second: built as under "specialize"
             if key in self._foreground_only:  # needs a trace: never on a chunk in background mode
                 if self.background is not None:
                     return None, NEEDS_FOREGROUND
@@ -258,7 +280,7 @@ class Variants:
                 "held": {k.label(): {"how": b.how, "build_s": b.build_s, "bytes": b.nbytes}
                          for k, b in self._held.items()},
                 "bytes": self.nbytes, "built": self.built, "build_s": round(self.build_s, 3),
-                "evicted": self.evicted,
+                "evicted": self.evicted, "first_sights": self.first_sights,
                 "refused": {k.label(): why for k, why in self._refused.items()},
                 "building": [k.label() for k in self._pending],
                 "foreground_only": {k.label(): why for k, why in self._foreground_only.items()},
@@ -279,10 +301,12 @@ def off_catalog_section(policy: str = DEFAULT_POLICY, max_entries: int = DEFAULT
                         max_bytes: int = DEFAULT_MAX_BYTES, held: "Mapping[str, Variants]" = {}) -> str:
     """The ``Off-catalog chunks`` section of a plan's printout: the policy, its bounds and,
     per compiled configuration (``held``: name -> its ``Variants``), what it holds."""
-    does = ("each gets its own program on first use, then runs it" if policy == "specialize" else
-            "each runs the exact eager path, counted")
+    does = {"specialize": "each gets its own program on first use, then runs it",
+            "repeat": "a shape's first chunk runs the exact eager path, counted; its program is built if the shape "
+                      "comes again",
+            "eager": "each runs the exact eager path, counted"}.get(policy, "?")
     lines = ["Off-catalog chunks (other input shapes, flags such as a flush, the steps after them)",
-             f"  policy: {policy!r} ({does}; optimize(..., off_catalog='specialize' | 'eager'))",
+             f"  policy: {policy!r} ({does}; optimize(..., off_catalog='specialize' | 'repeat' | 'eager'))",
              f"  bounds per configuration: {max_entries} programs, {max_bytes} bytes of their constants "
              f"(least recently used out first)"]
     for name, variants in held.items():
@@ -294,7 +318,8 @@ def check_policy(policy: str, max_entries: int, max_bytes: int) -> None:
     """``CadenceError`` naming a bad ``off_catalog`` / ``max_specializations`` / ``max_specialization_bytes``."""
     if policy not in POLICIES:
         raise CadenceError(f"off_catalog={policy!r}: use one of {list(POLICIES)} ('specialize': an off-catalog "
-                           f"chunk gets its own program on first use; 'eager': it runs the exact eager path)")
+                           f"chunk gets its own program on first use; 'repeat': the second time its shape comes; "
+                           f"'eager': it runs the exact eager path)")
     for name, v in (("max_specializations", max_entries), ("max_specialization_bytes", max_bytes)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise CadenceError(f"{name}={v!r} must be an int >= 0")

@@ -73,9 +73,9 @@ def add_args(p) -> None:
                        help={"prompt": "voice prompt tokens per conversation", "steady": "steady chunks per turn",
                              "window": "new tokens of the shorter window at a turn's end (+ lookahead)",
                              "flush": "tokens of the flush chunk (last_chunk=True)"}[name] + f" (default {lo},{hi})")
-    p.add_argument("--off-catalog", choices=("specialize", "eager"), default="specialize",
+    p.add_argument("--off-catalog", choices=("specialize", "repeat", "eager"), default="specialize",
                    help="windows, flushes and the steps after them: their own programs, built on first use "
-                        "(default), or the exact eager path")
+                        "(default) or the second time a shape comes (repeat), or the exact eager path")
     p.add_argument("--background", action="store_true",
                    help="build each new voice's graphs on a worker thread while its chunks run the exact eager "
                         "path (optimize(..., background=True)); the first voice still builds at its set-up")

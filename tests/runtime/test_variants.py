@@ -18,7 +18,7 @@ from cadence_fx.compiler import compile_executable
 from cadence_fx.errors import CadenceError
 from cadence_fx.programs import ProgramStore
 from cadence_fx.lockstep import chunk_route
-from cadence_fx.runtime.variants import DEFAULT_MAX_BYTES, VariantKey, Variants
+from cadence_fx.runtime.variants import DEFAULT_MAX_BYTES, FIRST_SIGHT, VariantKey, Variants
 
 from helpers.toy_models import (CHANNELS, ToyAdapter, SymbolicToyAdapter, assert_stream_exact, make_toy,
                                 toy_prompt)
@@ -173,7 +173,7 @@ def test_a_flag_value_that_cannot_key_a_program_runs_eagerly_with_the_reason():
 
 
 @pytest.mark.parametrize("kw, message", [
-    ({"off_catalog": "fast"}, r"off_catalog='fast': use one of \['specialize', 'eager'\]"),
+    ({"off_catalog": "fast"}, r"off_catalog='fast': use one of \['specialize', 'repeat', 'eager'\]"),
     ({"max_specializations": -1}, r"max_specializations=-1 must be an int >= 0"),
     ({"max_specialization_bytes": 1.5}, r"max_specialization_bytes=1.5 must be an int >= 0"),
 ])
@@ -290,6 +290,65 @@ def test_in_the_background_a_build_runs_on_the_worker_and_a_later_chunk_takes_it
     assert v.get(_key(4), {"x": x}) == (None, "RuntimeError: no kernel for this shape")
     assert v.get(_key(4), {"x": x}) == (None, "RuntimeError: no kernel for this shape")  # not built again
     worker.shutdown()
+
+
+def test_the_repeat_policy_builds_a_shape_the_second_time_it_comes_and_remembers_a_bounded_few(monkeypatch):
+    """``"repeat"``: a key's first chunk runs eagerly (``FIRST_SIGHT``, counted) and nothing
+    is built; its second builds (on the calling thread, or on the worker in the background);
+    a key never seen twice is never built.  Only the last ``SEEN_MAX`` keys are remembered."""
+    import concurrent.futures
+
+    from cadence_fx.runtime import variants as variants_module
+    from cadence_fx.runtime.pending import Build
+    from cadence_fx.runtime.variants import BUILDING
+    built = []
+
+    def build(key, inputs):
+        built.append(key)
+        return f"program {key.label()}", 10, "specialized"
+
+    v = Variants(build, "repeat")
+    assert v.get(_key(2), {}) == (None, FIRST_SIGHT) and built == []
+    assert v.get(_key(3), {}) == (None, FIRST_SIGHT) and built == []
+    assert v.get(_key(2), {}) == ("program entry 2 | x (1, 4, 2)", None) and built == [_key(2)]
+    assert v.get(_key(2), {}) == ("program entry 2 | x (1, 4, 2)", None) and built == [_key(2)]
+    stats = v.stats()
+    assert stats["first_sights"] == 2 and stats["built"] == 1 and list(stats["held"]) == [_key(2).label()]
+
+    worker = concurrent.futures.ThreadPoolExecutor(1)
+    v.background = lambda label, run: Build(label, run, worker)
+    assert v.get(_key(4), {"x": torch.zeros(1)}) == (None, FIRST_SIGHT) and not v.pending()
+    assert v.get(_key(4), {"x": torch.zeros(1)}) == (None, BUILDING)  # the second: to the worker
+    assert all(h.wait(10) for h in v.pending())
+    assert v.get(_key(4), {"x": torch.zeros(1)}) == ("program entry 2 | x (1, 4, 4)", None)
+    worker.shutdown()
+
+    monkeypatch.setattr(variants_module, "SEEN_MAX", 2)
+    v = Variants(build, "repeat")
+    for n in (5, 6, 7):  # 5 is forgotten once 7 is seen
+        assert v.get(_key(n), {}) == (None, FIRST_SIGHT)
+    assert v.get(_key(5), {}) == (None, FIRST_SIGHT)
+    assert v.get(_key(7), {}) == ("program entry 2 | x (1, 4, 7)", None)
+
+
+@pytest.mark.parametrize("symbolic", [False, True], ids=["concrete", "symbolic"])
+def test_under_the_repeat_policy_a_stream_is_exact_and_runs_a_shape_the_third_time(symbolic):
+    model = make_toy(RETAIN)
+    store = ProgramStore() if symbolic else None
+    adapter = (SymbolicToyAdapter if symbolic else ToyAdapter)(model, 5)
+    exe = compile_executable(adapter, "S", programs=store, off_catalog="repeat")
+    for rounds in range(3):
+        s = Stream(adapter, exe, 5)  # compared with stock at every step
+        for i, (frames, last) in enumerate(TRAFFIC):
+            s.step(_x(frames, 100 * rounds + i), f"round {rounds} step {i} ({frames} frames, last={last})",
+                   **({"last": True} if last else {}))
+        off = [r for r in s.routes if not r.startswith("graph entry")]
+        if rounds == 0:  # every off-catalog shape is seen for the first time
+            assert off and all(FIRST_SIGHT in r for r in off), off
+        if rounds == 2:  # built at the second round: run by their programs at the third
+            assert off and all(r.startswith("graph specialization") for r in off), off
+    spec = s.session.stats()["specializations"]
+    assert spec["policy"] == "repeat" and spec["built"] == len(spec["held"]) > 0 and spec["refused"] == {}
 
 
 def test_a_failed_build_is_kept_as_the_reason_and_configure_bounds_evict():
