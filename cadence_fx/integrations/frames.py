@@ -48,18 +48,19 @@ class FrameStream:
 
 
 @contextlib.contextmanager
-def on_stream(stream):
-    """``torch.cuda.stream(stream)`` after ``stream`` waits for the caller's current stream,
-    or nothing for None (CPU, or no stream given).
+def on_stream(stream, wait: bool = True):
+    """``torch.cuda.stream(stream)`` after ``stream`` waits for the caller's current stream
+    (``wait``), or nothing for None (CPU, or no stream given).
 
     The wait is PyTorch's own rule for a tensor handed from one stream to another: what
     the caller made on its stream (a frame it sent, a snapshot it restores) is complete
-    before this session's stream reads it.  An event, no host wait."""
+    before this session's stream reads it.  An event, no host wait.  Reading a chunk's own
+    result back needs none (``PendingChunk.result``)."""
     if stream is None:
         yield
         return
     caller = torch.cuda.current_stream(stream.device)
-    if caller != stream:
+    if wait and caller != stream:
         stream.wait_stream(caller)
     with torch.cuda.stream(stream):
         yield
@@ -73,7 +74,7 @@ class PendingChunk:
 
     def result(self, return_waveform: bool = False):
         """Wait for the chunk (its own CUDA stream only) and return PCM bytes or the waveform."""
-        with on_stream(self._stream):
+        with on_stream(self._stream, wait=False):
             return speech_out(self.speech, return_waveform)
 
 
