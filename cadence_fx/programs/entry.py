@@ -19,8 +19,8 @@ from typing import Callable
 import torch
 import torch.fx as fx
 
-from ..errors import SpecializationRefused, TraceError
-from ..foreground import forked_rng
+from ..errors import NeedsForeground, SpecializationRefused, TraceError
+from ..foreground import forked_rng, in_background
 from ..passes.specialize import specialize
 from ..passes.trace_symbolic import ModuleStateChanged, SymbolicStep, trace_symbolic
 from ..plan import CatalogEntry, Plan
@@ -48,7 +48,20 @@ def run_once(adapter, entry: CatalogEntry, by_region: dict, device: torch.device
 
 def _trace(adapter, plan_at: Callable, plan: Plan, entry: CatalogEntry, by_region: dict, symbolic: tuple,
            dims: dict, inputs: dict, device: torch.device, say, flags: dict, prepare,
-           off_catalog: bool) -> SymbolicStep:
+           off_catalog: bool, programs: ProgramStore) -> SymbolicStep:
+    """The symbolic trace of one entry.  On a background build's thread it runs the step's
+    Python beside the stream's eager chunks, on the same modules: a step that rebinds a
+    module tensor while it runs (a table built or moved on first use) would show the
+    stream a fake tensor until the trace puts it back.  So a build traces only once a
+    trace of this model rebound nothing (``ProgramStore.traced_clean``: in this process's
+    foreground, where a first use is run for real and traced again, or in the process that
+    wrote a disk entry loaded here); else ``NeedsForeground``, and the build fails without
+    touching the model: its stream stays eager, its configuration's next set-up compiles
+    in the foreground.  (A background build starts after its stream's set-up and first
+    chunk ran the step for real: first uses are done by then.)"""
+    if in_background() and not programs.traced_clean:
+        raise NeedsForeground("a symbolic trace on a build's thread runs the step beside the stream's chunks: only "
+                              "after a trace in this process has rebound no module tensor")
     sig = adapter.signature
     planned = tuple(d for d in symbolic if d in adapter.symbolic_dims())  # the plan's dims (not an input's)
     plan_dims = {d: v for d, v in dims.items() if d in adapter.dims()}
@@ -69,13 +82,16 @@ def _trace(adapter, plan_at: Callable, plan: Plan, entry: CatalogEntry, by_regio
         return trace_symbolic(bind, sig, {d: dims[d] for d in symbolic}, inputs, state, buffers, device,
                               watch, memo_methods=adapter.memo_methods())
     try:
-        return trace()
+        sym = trace()
     except ModuleStateChanged as e:
         # a lazily built table (e.g. moved to the device on first use): run the step once for
         # real on the scratch arena, which does that first use, and trace again
+        programs.traced_clean = False
         say(f"entry {entry.index + 1}: {e}; running the step once and tracing again")
         prepare()
-        return trace()
+        sym = trace()
+    programs.traced_clean = True  # this trace rebound nothing (ModuleStateChanged otherwise)
+    return sym
 
 
 def _describe(inputs: dict, flags: dict) -> str:
@@ -141,7 +157,7 @@ def specialized_entry(adapter, plan_at: Callable[[dict], Plan], plan: Plan, entr
                 if fresh:
                     try:
                         sym = _trace(adapter, plan_at, plan, entry, by_region, symbolic, dims, inputs, device, say,
-                                     flags, prepare, example_inputs is not None)
+                                     flags, prepare, example_inputs is not None, programs)
                     except (NotAffine, TraceError) as e:
                         programs.refuse(base, f"{type(e).__name__}: {e}")
                         setup["reason"] = f"{type(e).__name__}: {e}"

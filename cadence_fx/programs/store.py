@@ -34,6 +34,10 @@ class ProgramStore:
         self._refused: dict[Hashable, str] = {}
         self._from_disk: set[Hashable] = set()
         self._lock = threading.Lock()
+        #: a symbolic trace of this model's step rebound no module tensor: one in this process,
+        #: or the one that wrote a disk entry loaded here (a trace that rebinds is refused, never
+        #: kept).  ``programs.entry``: only then may a background build trace beside a stream
+        self.traced_clean = False
 
     def lookup(self, key: Hashable, adapter=None, prepare=None) -> tuple[SymbolicStep | None, str]:
         """``(step, where)``: where is "memory", "disk", "not cached", or "rejected: <why>"
@@ -51,6 +55,7 @@ class ProgramStore:
         with self._lock:
             step = self._steps.setdefault(key, step)
             self._from_disk.add(key)
+        self.traced_clean = True  # its writer traced it cleanly (a trace that rebinds is never kept)
         return step, "disk"
 
     def tracing(self, key: Hashable, adapter=None, what: str = ""):
