@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import sys
 import time
-from contextlib import nullcontext
 from typing import Any, Callable
 
 import torch
@@ -31,7 +30,7 @@ import torch.fx as fx
 from .adapter import StreamingAdapter
 from .annotations import Declaration
 from .errors import DeclarationError, RulesError, TraceError
-from .foreground import forked_rng, in_background
+from .foreground import fenced
 from .passes.base import PassManager, this_before_that
 from .passes.early_writeback import EarlyWriteback
 from .passes.fold_host_constants import FoldHostConstants
@@ -212,7 +211,7 @@ def _compile(adapter: StreamingAdapter, rules: "str | Rules",
             gm = specialized_entry(adapter, lambda d: build_plan(adapter, d), plan, entry, by_region, programs,
                                    setup, say)
         what = f"tracing catalog entry {entry.index + 1}/{len(plan.catalog)}"
-        with _generators_fenced(gm is not None, devices, what):
+        with fenced(devices, what, runs_for_real=gm is None):
             for attempt in range(3):
                 if gm is not None:
                     break
@@ -279,7 +278,7 @@ def _variant_builder(adapter: StreamingAdapter, plan: Plan, rules: Rules, progra
         if key.entry is not None and programs is not None and adapter.symbolic_dims():
             gm = specialized_entry(adapter, lambda d: build_plan(adapter, d), plan, plan.catalog[key.entry],
                                    by_region, programs, setup, say, example_inputs=example, flags=flags)
-        with _generators_fenced(gm is not None, devices, f"tracing the off-catalog chunk {key.label()}"):
+        with fenced(devices, f"tracing the off-catalog chunk {key.label()}", runs_for_real=gm is None):
             if gm is None:
                 say(f"tracing the off-catalog chunk {key.label()} at its exact shapes")
                 step = adapter.bind(buffer_bindings(adapter.declaration, scratch))
@@ -355,13 +354,6 @@ def own_bytes(gm: fx.GraphModule, adapter: StreamingAdapter) -> int:
             seen.add(ptr)
             total += t.untyped_storage().nbytes()
     return total
-
-
-def _generators_fenced(specialized: bool, devices: list, what: str):
-    """Where the compile may trace (run the step for real): the global generators forked
-    (``foreground.forked_rng``: ``NeedsForeground`` in a background build).  A specialized
-    graph's passes run nothing for real, so a background build runs them unforked."""
-    return nullcontext() if specialized and in_background() else forked_rng(devices, what)
 
 
 def check_signature(declaration: Declaration, sig: meta.StepSignature, plan: Plan) -> None:

@@ -50,6 +50,19 @@ def forked_rng(devices: Sequence, what: str):
     return torch.random.fork_rng(devices=list(devices))
 
 
+def fenced(devices: Sequence, what: str, runs_for_real: bool = True):
+    """What guards the global generators around compile work: ``forked_rng`` where the work
+    runs the step for real (a concrete trace: ``NeedsForeground`` in a build).  Work that
+    runs nothing for real (the passes on a specialized graph; a symbolic trace, whose ops
+    all run on fake tensors) is not forked in a build, where the fork's restore would
+    rewind the stream's generator: the build's own fence (``background()``) refuses any
+    real draw there.  In the foreground it is forked all the same (whatever the step's
+    Python might do to the generators is undone)."""
+    if not runs_for_real and in_background():
+        return contextlib.nullcontext()
+    return forked_rng(devices, what)
+
+
 def _own_generator(args, kwargs) -> bool:
     return kwargs.get("generator") is not None or any(isinstance(a, torch.Generator) for a in args)
 

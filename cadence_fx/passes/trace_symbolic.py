@@ -25,7 +25,6 @@ data plus a graph (what the disk cache stores).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import time
@@ -36,7 +35,7 @@ import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ..errors import NeedsForeground, TraceError
-from ..foreground import forked_rng, in_background
+from ..foreground import fenced
 from .. import step as meta
 from ..step import Role, StepSignature
 from .trace_memo import DEFAULT_METHODS, CallMemo
@@ -99,22 +98,6 @@ class ModuleStateChanged(TraceError):
     """The step rebound a module's tensor while tracing on fake tensors (e.g. a table it
     extends or moves to the input's device on first use).  The modules are restored;
     running the step once for real does that first use, and a second trace records none."""
-
-
-def _generators_fenced():
-    """What guards the global random generators while the step's Python runs on fake tensors.
-
-    A symbolic trace runs nothing for real: every op the step calls, a random one too,
-    runs on fake tensors and draws nothing.  In the foreground the CPU generator is forked
-    all the same (whatever the step's Python might do to it is undone).  On a background
-    build's thread that fork would rewind the stream's generator between two of its draws
-    (``cadence_fx.foreground``), so there the build's own fence stands alone: any op that
-    would draw from a default generator for real is refused before it runs
-    (``NeedsForeground``), and the build fails without touching the generator.  So a
-    stream whose dims fall in a branch class no symbolic step serves yet (a length the
-    guards of the first trace exclude) is traced on the worker too, instead of failing
-    its build."""
-    return contextlib.nullcontext() if in_background() else forked_rng([], "a symbolic trace")
 
 
 def trace_symbolic(bind: Callable, signature: StepSignature, dims: Mapping[str, int],
@@ -183,7 +166,10 @@ def trace_symbolic(bind: Callable, signature: StepSignature, dims: Mapping[str, 
     before = _module_tensors(watch)
     memo = CallMemo(watch, () if os.environ.get("CADENCE_FX_TRACE_MEMO") == "0" else (memo_methods or ()))
     try:
-        with torch.no_grad(), _generators_fenced(), memo.installed():
+        # runs nothing for real (fake tensors): on a build's thread the fence alone guards the
+        # generators, so a stream whose dims fall in a branch class no symbolic step serves yet
+        # is traced on the worker too, instead of failing its build
+        with torch.no_grad(), fenced([], "a symbolic trace", runs_for_real=False), memo.installed():
             gm = make_fx(flat, pre_dispatch=True, tracing_mode="symbolic", _allow_non_fake_inputs=True)(*args)
     except (TraceError, NeedsForeground):  # NeedsForeground: the build's fence refused a real draw
         raise

@@ -322,7 +322,6 @@ def test_the_fence_lets_a_symbolic_trace_through_and_its_random_ops_draw_nothing
     """A symbolic trace runs the step on fake tensors, random ops too: on a build's thread it
     is neither refused nor forks (a fork's restore would rewind the stream's generator), and
     the global generator is where it was.  A real draw in the same block is still refused."""
-    from cadence_fx.passes.trace_symbolic import _generators_fenced
     from torch.fx.experimental.proxy_tensor import make_fx
 
     def step(x):
@@ -331,7 +330,7 @@ def test_the_fence_lets_a_symbolic_trace_through_and_its_random_ops_draw_nothing
 
     before = torch.random.get_rng_state()
     with foreground.background():
-        with _generators_fenced():  # nothing to fork on the worker
+        with foreground.fenced([], "a symbolic trace", runs_for_real=False):  # nothing to fork on the worker
             gm = make_fx(step, pre_dispatch=True, tracing_mode="symbolic")(torch.ones(4, 3))
         with pytest.raises(NeedsForeground, match="default random generator"):
             torch.rand(2)
@@ -339,7 +338,8 @@ def test_the_fence_lets_a_symbolic_trace_through_and_its_random_ops_draw_nothing
     targets = {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}
     assert {"aten.rand.default", "aten.randn_like.default"} <= targets, targets
     assert not foreground.in_background()
-    assert isinstance(_generators_fenced(), type(torch.random.fork_rng([])))  # the foreground forks
+    assert isinstance(foreground.fenced([], "a symbolic trace", runs_for_real=False),
+                      type(torch.random.fork_rng([])))  # the foreground forks
 
 
 @cuda
