@@ -61,7 +61,8 @@ def _trace(adapter, plan_at: Callable, plan: Plan, entry: CatalogEntry, by_regio
     chunk ran the step for real: first uses are done by then.)"""
     if in_background() and not programs.traced_clean:
         raise NeedsForeground("a symbolic trace on a build's thread runs the step beside the stream's chunks: only "
-                              "after a trace in this process has rebound no module tensor")
+                              "after a trace of this model has rebound no module tensor (here, or the one that wrote "
+                              "a disk entry loaded here)")
     sig = adapter.signature
     planned = tuple(d for d in symbolic if d in adapter.symbolic_dims())  # the plan's dims (not an input's)
     plan_dims = {d: v for d, v in dims.items() if d in adapter.dims()}
