@@ -72,6 +72,23 @@ def _compare(t2w, chunks, seed: int) -> dict:
     return report
 
 
+def _cuda_model(first: int, n_timesteps: int, float16: bool = False, **optimize_kw):
+    """The released tail on CUDA and its SRc model with background builds, the first voice
+    (``first`` tokens) set up on both: compiled in the foreground, where it traces."""
+    flow, hift = s2.build_modules(0)
+    tail = s2.Token2WavTail(flow.cuda(), hift.cuda(), n_timesteps=n_timesteps, float16=float16)
+    opt = cadence_fx.optimize(tail, rules="SRc", background=True, **optimize_kw)
+    _cuda_voice(tail, opt, first)
+    return tail, opt
+
+
+def _cuda_voice(tail, opt, tokens: int) -> None:
+    """A voice of ``tokens`` prompt tokens (seed ``tokens``) set up on stock and optimized."""
+    prompt = s2.synthetic_prompt(tokens, seed=tokens, device="cuda")
+    tail.set_stream_cache(*prompt)
+    opt.set_stream_cache(*prompt)
+
+
 def test_a_new_length_streams_eagerly_until_its_build_lands_then_runs_its_programs(background, gated):
     t2w = background
     switch = sys.getswitchinterval()
@@ -352,21 +369,14 @@ def test_on_cuda_each_entry_is_captured_when_a_chunk_first_needs_it_and_replays_
     from cadence_fx.runtime import device_work
     with deterministic_protocol_restored():
         dev = torch.device("cuda")
-        flow, hift = s2.build_modules(0)
-        tail = s2.Token2WavTail(flow.cuda(), hift.cuda(), n_timesteps=5, float16=dtype == "float16")
-        opt = cadence_fx.optimize(tail, rules="SRc", background=True)
-        first = s2.synthetic_prompt(23, seed=23, device="cuda")
-        tail.set_stream_cache(*first)
-        opt.set_stream_cache(*first)  # the first length compiles in the foreground (it traces)
+        tail, opt = _cuda_model(23, n_timesteps=5, float16=dtype == "float16")
         assert not isinstance(opt.session, PendingSession)
 
         gate = threading.Event()
         real = dropin_module.compile_executable
         monkeypatch.setattr(dropin_module, "compile_executable",
                             lambda *a, **k: gate.wait(300) and real(*a, **k))
-        prompt = s2.synthetic_prompt(61, seed=61, device="cuda")
-        tail.set_stream_cache(*prompt)
-        opt.set_stream_cache(*prompt)
+        _cuda_voice(tail, opt, 61)
         assert isinstance(opt.session, PendingSession)
         chunks = s2.synthetic_chunks(6, seed=61, final_tokens=13)
         before = compare_streams(tail, opt, chunks[:1], dev, seed=611)
@@ -402,16 +412,9 @@ def test_on_cuda_a_voice_of_another_branch_class_is_traced_on_the_worker_and_rep
     foreground, and the failure refused the entries' symbolic keys for the process.)"""
     with deterministic_protocol_restored():
         dev = torch.device("cuda")
-        flow, hift = s2.build_modules(0)
-        tail = s2.Token2WavTail(flow.cuda(), hift.cuda(), n_timesteps=2)
-        opt = cadence_fx.optimize(tail, rules="SRc", background=True, cache=False)  # no other test's programs
-        first = s2.synthetic_prompt(13, seed=13, device="cuda")
-        tail.set_stream_cache(*first)
-        opt.set_stream_cache(*first)  # the first length compiles in the foreground (it traces)
+        tail, opt = _cuda_model(13, n_timesteps=2, cache=False)  # no other test's programs
         assert [e["variant"] for e in opt.session.executable.notes["setup"].values()] == [0, 0, 0]
-        prompt = s2.synthetic_prompt(23, seed=23, device="cuda")
-        tail.set_stream_cache(*prompt)
-        opt.set_stream_cache(*prompt)
+        _cuda_voice(tail, opt, 23)
         assert isinstance(opt.session, PendingSession)
         chunks = s2.synthetic_chunks(5, seed=23, final_tokens=9)
         before = compare_streams(tail, opt, chunks[:1], dev, seed=231)
@@ -437,15 +440,8 @@ def test_on_cuda_idle_time_captures_the_landed_entries_so_no_chunk_pays_a_captur
     from cadence_fx.runtime import device_work
     with deterministic_protocol_restored():
         dev = torch.device("cuda")
-        flow, hift = s2.build_modules(0)
-        tail = s2.Token2WavTail(flow.cuda(), hift.cuda(), n_timesteps=5)
-        opt = cadence_fx.optimize(tail, rules="SRc", background=True)
-        first = s2.synthetic_prompt(23, seed=23, device="cuda")
-        tail.set_stream_cache(*first)
-        opt.set_stream_cache(*first)  # the first length compiles in the foreground (it traces)
-        prompt = s2.synthetic_prompt(47, seed=47, device="cuda")
-        tail.set_stream_cache(*prompt)
-        opt.set_stream_cache(*prompt)
+        tail, opt = _cuda_model(23, n_timesteps=5)
+        _cuda_voice(tail, opt, 47)
         assert isinstance(opt.session, PendingSession)
         chunks = s2.synthetic_chunks(6, seed=47, final_tokens=13)
         before = compare_streams(tail, opt, chunks[:1], dev, seed=471)  # eager; the build starts after it

@@ -62,12 +62,16 @@ def _compile(adapter, **kw):
     return compile_executable(adapter, "S", **kw)
 
 
+def _toy_executable(symbolic: bool, policy: str):
+    """The toy at prompt length 5 (traced concretely, or symbolically into a store of its
+    own) compiled under rule S with off-catalog ``policy``: (adapter, executable)."""
+    adapter = (SymbolicToyAdapter if symbolic else ToyAdapter)(make_toy(RETAIN), 5)
+    return adapter, compile_executable(adapter, "S", programs=ProgramStore() if symbolic else None, off_catalog=policy)
+
+
 @pytest.mark.parametrize("symbolic", [False, True], ids=["concrete", "symbolic"])
 def test_off_catalog_chunks_run_their_own_programs_exactly(symbolic):
-    model = make_toy(RETAIN)
-    store = ProgramStore() if symbolic else None
-    adapter = (SymbolicToyAdapter if symbolic else ToyAdapter)(model, 5)
-    exe = compile_executable(adapter, "S", programs=store, off_catalog="specialize")
+    adapter, exe = _toy_executable(symbolic, "specialize")
     for rounds in range(2):  # the second stream finds every specialization built
         s = Stream(adapter, exe, 5)
         for i, (frames, last) in enumerate(TRAFFIC):
@@ -333,10 +337,7 @@ def test_the_repeat_policy_builds_a_shape_the_second_time_it_comes_and_remembers
 
 @pytest.mark.parametrize("symbolic", [False, True], ids=["concrete", "symbolic"])
 def test_under_the_repeat_policy_a_stream_is_exact_and_runs_a_shape_the_third_time(symbolic):
-    model = make_toy(RETAIN)
-    store = ProgramStore() if symbolic else None
-    adapter = (SymbolicToyAdapter if symbolic else ToyAdapter)(model, 5)
-    exe = compile_executable(adapter, "S", programs=store, off_catalog="repeat")
+    adapter, exe = _toy_executable(symbolic, "repeat")
     for rounds in range(3):
         s = Stream(adapter, exe, 5)  # compared with stock at every step
         for i, (frames, last) in enumerate(TRAFFIC):
