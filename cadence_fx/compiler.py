@@ -30,7 +30,7 @@ import torch.fx as fx
 from .adapter import StreamingAdapter
 from .annotations import Declaration
 from .errors import DeclarationError, RulesError, TraceError
-from .foreground import fenced
+from .foreground import fenced, working
 from .passes.base import PassManager, this_before_that
 from .passes.early_writeback import EarlyWriteback
 from .passes.fold_host_constants import FoldHostConstants
@@ -447,7 +447,7 @@ def open_session(executable: Executable, adapter: StreamingAdapter, *setup_args:
 
 def _set_up(session: Session, adapter: StreamingAdapter, buffers: dict, setup_args: tuple) -> Session:
     """``adapter.setup`` on ``buffers``, its state loaded into ``session``."""
-    with torch.no_grad():
+    with torch.no_grad(), working():  # a background build steps aside meanwhile
         state = adapter.setup(buffers, *setup_args)
         if state is None:  # the stream starts from zeros at catalog entry 0's extents
             entry0 = session.executable.plan.catalog[0]

@@ -1,4 +1,5 @@
-"""What a background build must leave to the foreground thread: the random generators.
+"""What a background build must leave to the foreground thread: the random generators,
+and most of the host while a chunk runs.
 
 A drop-in with ``background=True`` builds a new stream configuration's executable on
 a worker thread while the stream already runs the exact eager path
@@ -20,12 +21,30 @@ repeat numbers: a wrong chunk.
 
 A refused build costs nothing but speed: its stream stays on the eager path (the
 reason counted) and the configuration's next set-up builds in the foreground.
+
+The host.  A build is Python (tracing, specializing, the passes) and shares the
+interpreter lock with the stream's chunks; an eager chunk on a GPU is Python too (its
+kernels take a fraction of its time), and every op it dispatches hands the lock over.
+On the H200 an eager Token2Wav chunk took 0.86-1.13 s beside a build against 0.2 s
+alone (paced traffic, 2026-12-02): four voices a second apart then queued seconds of
+chunks behind each other.  So a build steps aside:
+
+- ``working()``: the foreground runs a chunk or a set-up (``Session.step``, the
+  model's set-up); the count of such blocks is process-wide.
+- ``make_way()``: a build's yield point (each op the build dispatches, each pass, each
+  entry).  While any foreground block runs, a build that has run for ``SLICE_S`` since
+  the block began or since its last pause pauses, until no block runs or for
+  ``ran * (1 - share) / share`` seconds: it takes at most ``share`` of the host's time
+  while chunks run (``set_build_share``; 1.0: never pauses, as before 2026-12-03), and
+  all of it between chunks.  Never a deadlock: a pause always ends.  Between two yield
+  points a build cannot pause (one recompile of a large graph: a few hundred ms).
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from typing import Iterator, Sequence
 
 import torch
@@ -88,6 +107,7 @@ class _NoDefaultDraws(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        make_way()
         if torch.Tag.nondeterministic_seeded in func.tags and not _own_generator(args, kwargs) \
                 and _runs_for_real(args, kwargs):
             raise NeedsForeground(f"{func} would draw from a default random generator")
@@ -103,3 +123,79 @@ def background() -> Iterator[None]:
             yield
     finally:
         _LOCAL.depth -= 1
+
+
+#: the share of the host's time a background build takes while a foreground chunk or set-up runs
+DEFAULT_BUILD_SHARE = 0.1
+#: how long a build runs, while the foreground works, before ``make_way`` pauses it
+SLICE_S = 0.002
+
+_share = DEFAULT_BUILD_SHARE
+_working = 0  # foreground blocks running now (every thread's)
+_working_since = 0.0  # when the count last went from 0 to 1
+_WORK = threading.Condition()
+
+
+def check_build_share(share) -> float:
+    """``share`` as a float in (0, 1]; ``ValueError`` naming it otherwise."""
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+        raise ValueError(f"build share {share!r} must be a number in (0, 1]: the share of the host's time a "
+                         f"background build takes while a chunk runs (1: it never steps aside)")
+    return float(share)
+
+
+def set_build_share(share: float) -> float:
+    """Process-wide (the interpreter lock is): the share of the host's time a background
+    build takes while a chunk or set-up runs.  Returns the share it replaces."""
+    global _share
+    share = check_build_share(share)
+    with _WORK:
+        old, _share = _share, share
+    return old
+
+
+def build_share() -> float:
+    """The share ``set_build_share`` set (``DEFAULT_BUILD_SHARE`` until then)."""
+    return _share
+
+
+@contextlib.contextmanager
+def working() -> Iterator[None]:
+    """(A foreground thread.)  A chunk or a set-up runs for the block: builds step aside."""
+    global _working, _working_since
+    with _WORK:
+        if _working == 0:
+            _working_since = time.perf_counter()
+        _working += 1
+    try:
+        yield
+    finally:
+        with _WORK:
+            _working -= 1
+            if _working == 0:
+                _WORK.notify_all()
+
+
+def working_count() -> int:
+    """How many foreground blocks (``working``) run now, on every thread."""
+    return _working
+
+
+def make_way() -> None:
+    """A build's yield point; nothing on any other thread, or while no foreground block runs
+    (see the module docstring)."""
+    if not _working or _share >= 1.0 or not in_background():
+        return
+    now = time.perf_counter()
+    ran = now - max(getattr(_LOCAL, "ran_since", 0.0), _working_since)
+    if ran < SLICE_S:
+        return
+    with _WORK:
+        _WORK.wait_for(lambda: not _working, ran * (1.0 - _share) / _share)
+    _LOCAL.ran_since = time.perf_counter()
+    _LOCAL.yielded_s = getattr(_LOCAL, "yielded_s", 0.0) + _LOCAL.ran_since - now
+
+
+def yielded_s() -> float:
+    """Seconds this thread's builds have paused in ``make_way`` so far."""
+    return getattr(_LOCAL, "yielded_s", 0.0)

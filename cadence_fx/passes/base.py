@@ -26,6 +26,7 @@ import torch
 import torch.fx as fx
 
 from ..errors import PassError
+from ..foreground import make_way
 
 
 @dataclasses.dataclass
@@ -109,6 +110,7 @@ class PassManager:
         results: list[PassResult] = []
         every = self.debug or self.recompile_every_pass
         for i, p in enumerate(self.passes):
+            make_way()  # a background build steps aside while a chunk runs (foreground.py)
             try:
                 res = p.run(gm, recompile=every, lint=every)
                 gm = res.graph_module
@@ -120,10 +122,12 @@ class PassManager:
                 raise PassError(f"{type(p).__name__} failed after {ran}: {e}") from e
             results.append(res)
         if not every:
+            make_way()
             try:
                 gm.graph.lint()  # the graph that runs; each pass's own ensures ran on its result
             except Exception as e:
                 raise PassError(f"the graph after {[type(q).__name__ for q in self.passes]} is malformed: {e}") from e
+            make_way()
             gm.recompile()
         return gm, results
 

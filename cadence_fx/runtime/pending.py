@@ -61,7 +61,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from ..foreground import background
+from ..foreground import background, make_way, yielded_s
 from ..plan import CatalogEntry
 from . import device_work
 from .counters import SetupTimes
@@ -191,6 +191,7 @@ class Build:
         self.submitted: float | None = None
         self.started: float | None = None
         self.finished: float | None = None
+        self.yielded: float | None = None  # seconds it stepped aside for chunks (``foreground.make_way``)
         self._grad, self._inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
         self._pending: tuple | None = (run, executor)
         self._future: concurrent.futures.Future = concurrent.futures.Future()
@@ -210,12 +211,12 @@ class Build:
 
     def _run(self, run: Callable[[], Executable], grad: bool, inference: bool) -> Executable:
         with device_work.LOCK, quick_switches():  # no capture while the build touches the device
-            self.started = time.perf_counter()
+            self.started, yielded = time.perf_counter(), yielded_s()
             try:
                 with background(), torch.inference_mode(inference), torch.set_grad_enabled(grad):
                     return run()
             finally:
-                self.finished = time.perf_counter()
+                self.finished, self.yielded = time.perf_counter(), yielded_s() - yielded
 
     def done(self) -> bool:
         return self._future.done()
@@ -224,6 +225,7 @@ class Build:
         """(The build's thread.)  Entry ``index``'s program is done: streams may run it now."""
         self._landed = {**self._landed, index: program}  # one reference swap: readers see old or new
         device_work.yield_to_captures()  # a stream may capture what landed before the build goes on
+        make_way()
 
     def landed(self) -> dict[int, Any]:
         """The entries' programs handed over so far (index -> program)."""
@@ -246,10 +248,12 @@ class Build:
         return self._future.result()
 
     def times(self) -> dict[str, float | None]:
-        """Seconds it waited for the worker (``queued_s``) and ran (``build_s``); None until known."""
+        """Seconds it waited for the worker (``queued_s``), ran (``build_s``) and, of those,
+        stepped aside for the foreground's chunks and set-ups (``yielded_s``); None until known."""
         queued = None if self.started is None or self.submitted is None else round(self.started - self.submitted, 3)
         ran = None if self.finished is None or self.started is None else round(self.finished - self.started, 3)
-        return {"queued_s": queued, "build_s": ran}
+        return {"queued_s": queued, "build_s": ran,
+                "yielded_s": None if self.yielded is None else round(self.yielded, 3)}
 
 
 def _first_line(e: BaseException) -> str:

@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterator, Mapping
 import torch
 
 from ..errors import CadenceError, InputError, SessionBroken, SessionBusy, SessionClosed
+from ..foreground import working
 from ..plan import CatalogEntry, Plan, TensorSpec
 from ..step import Rules
 from . import collector, device_work
@@ -221,7 +222,7 @@ class Session:
         eager ``fallback`` on private copies (the reason counted in ``stats()``).
         ``InputError`` for a missing, non-tensor, misplaced, mistyped or misranked input
         (the state untouched)."""
-        with self._exclusive("step"):
+        with self._exclusive("step"), working():  # a background build steps aside meanwhile
             self._check_usable("step")
             self._validate(inputs)
             self._before_step()

@@ -46,6 +46,7 @@ import sys
 import time
 from typing import Any
 
+from .. import foreground
 from . import registry
 from .options import add_model_args, model_of, progress
 
@@ -61,6 +62,13 @@ def _range(text: str) -> tuple[int, int]:
     if not 1 <= lo <= hi:
         raise argparse.ArgumentTypeError(f"{text!r}: need 1 <= LO <= HI")
     return lo, hi
+
+
+def _share(text: str) -> float:
+    try:
+        return foreground.check_build_share(float(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_args(p) -> None:
@@ -79,6 +87,9 @@ def add_args(p) -> None:
     p.add_argument("--background", action="store_true",
                    help="build each new voice's graphs on a worker thread while its chunks run the exact eager "
                         "path (optimize(..., background=True)); the first voice still builds at its set-up")
+    p.add_argument("--build-share", type=_share, default=None, metavar="S",
+                   help="--background: the share of the host's time a build takes while a chunk or set-up runs, "
+                        "in (0, 1] (default 0.1; 1: a build never steps aside)")
     p.add_argument("--idle", action="store_true",
                    help="after each event (--pace: while waiting for the next arrival), give every live session "
                         "idle time (session.idle(): a background build's landed entries are captured there, not on "
@@ -154,6 +165,7 @@ def run(args) -> int:
         if not hasattr(opt, "set_background"):
             raise SystemExit(f"--background: the optimized {spec.name} does not build in the background")
         opt.set_background(True)  # the model is kept for later commands in this process: restored below
+    old_share = foreground.set_build_share(args.build_share if args.build_share is not None else foreground.build_share())
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     live: dict[int, dict[str, Any]] = {}
@@ -183,6 +195,7 @@ def run(args) -> int:
         c["session"].close()
     if args.background:
         opt.set_background(was_background)
+    foreground.set_build_share(old_share)
     _emit(args, report)
     return 0 if report["exact"] else 1
 
@@ -440,7 +453,7 @@ def _report(args, rules: str, convos, live, rows, device, percentile, idle=()) -
         "conversations": len(convos), "chunks": len(rows),
         "exact": all(p["exact"] for p in per), "program_share": prog, "replayed_share": rep,
         "fallbacks": fallbacks(rows), "off_catalog": args.off_catalog, "background": args.background,
-        "idle": args.idle, "idle_s": round(sum(s for s, _ in idle), 3), "captured_idle": sum(n for _, n in idle),
+        "build_share": foreground.build_share(), "idle": args.idle, "idle_s": round(sum(s for s, _ in idle), 3), "captured_idle": sum(n for _, n in idle),
         "specializations": _specializations(live),
         "ttfa_ms_p50": round(percentile(ttfa, 50), 1), "stock_ttfa_ms_p50": round(percentile(stock_ttfa, 50), 1),
         "chunk_ms_p50": p50, "chunk_ms_p99": p99, "stock_chunk_ms_p50": s50, "stock_chunk_ms_p99": s99,
@@ -502,7 +515,8 @@ def markdown(report: dict) -> str:
              "", f"fallbacks: {report['fallbacks'] or 'none'}", "",
              f"off-catalog chunks: {report['off_catalog']}; specializations built {report['specializations']['built']} "
              f"in {report['specializations']['build_s']} s, captured in {report['specializations']['capture_s']} s",
-             "", f"background builds: {report['background']}; idle time between chunks: {report['idle']}"
+             "", f"background builds: {report['background']} (share of the host while chunks run: "
+             f"{report['build_share']}); idle time between chunks: {report['idle']}"
              + (f" ({report['idle_s']} s in all, {report['captured_idle']} entries captured there)"
                 if report["idle"] else ""),
              "", (f"paced (voices {report['stagger_s']} s apart, chunks at the audio rate; warm-up voice "

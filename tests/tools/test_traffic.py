@@ -11,6 +11,7 @@ import json
 import pytest
 import torch
 
+from cadence_fx import foreground
 from cadence_fx.integrations import stepaudio2 as s2
 from cadence_fx.tools import cli, registry, traffic
 
@@ -141,6 +142,7 @@ def test_paced_traffic_is_exact_and_reports_latency_and_stalls(small, capsys, tm
     assert report["latency_ms_p50"] is not None and report["program_share"] == 1.0
     # before the clock: a voice of a length no conversation has (5 and 6 are taken), set up and closed
     assert report["warm_up_tokens"] == 7 and report["warm_up_s"] > 0
+    assert report["build_share"] == foreground.DEFAULT_BUILD_SHARE  # the process's, not given
     assert "paced" in (tmp_path / "traffic.md").read_text()
 
 
@@ -148,3 +150,11 @@ def test_paced_traffic_is_exact_and_reports_latency_and_stalls(small, capsys, tm
 def test_a_bad_stagger_is_refused_by_name_before_anything_is_built(bad):
     with pytest.raises(SystemExit, match="--stagger-s must be a number of seconds >= 0"):
         cli.main(["traffic", "--model", "token2wav", "--pace", "--stagger-s", bad, "--quiet"])
+
+
+@pytest.mark.parametrize("bad", ["0", "1.5", "x"])
+def test_a_bad_build_share_is_refused_by_name_before_anything_is_built(bad, capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["traffic", "--model", "token2wav", "--background", "--build-share", bad, "--quiet"])
+    assert "--build-share" in capsys.readouterr().err
+    assert foreground.build_share() == foreground.DEFAULT_BUILD_SHARE

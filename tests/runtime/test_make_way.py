@@ -1,0 +1,152 @@
+"""A background build steps aside while the foreground runs a chunk or a set-up
+(``foreground.working`` / ``make_way``): on a GPU host an eager chunk is Python, and a
+build beside it took it from 0.2 s to ~1 s (H200, paced traffic, 2026-12-02)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from cadence_fx import foreground
+
+
+@pytest.fixture(autouse=True)
+def _share():
+    old = foreground.set_build_share(foreground.DEFAULT_BUILD_SHARE)
+    yield
+    foreground.set_build_share(old)
+
+
+def _build_spin(seconds: float, out: dict) -> None:
+    """A build's thread: call ``make_way`` for ``seconds`` of its own running time, as a
+    build's yield points do, and say how long it paused and how long it took."""
+    t0 = time.perf_counter()
+    with foreground.background():
+        y0 = foreground.yielded_s()
+        ran, last = 0.0, time.perf_counter()
+        while ran < seconds:
+            before = time.perf_counter()
+            foreground.make_way()
+            after = time.perf_counter()
+            ran += before - last
+            last = after
+        out["yielded"] = foreground.yielded_s() - y0
+    out["wall"] = time.perf_counter() - t0
+
+
+def _working_for(seconds: float, started: threading.Event) -> None:
+    with foreground.working():
+        started.set()
+        time.sleep(seconds)
+
+
+def test_a_build_pauses_while_the_foreground_works_and_goes_on_when_it_ends():
+    started, out = threading.Event(), {}
+    fg = threading.Thread(target=_working_for, args=(0.5, started))
+    fg.start()
+    started.wait()
+    t0 = time.perf_counter()
+    _build_spin(0.02, out)  # 20 ms of its own work: at share 0.1 it could not be done in 0.18 s
+    fg.join()
+    assert out["yielded"] > 0.1, out
+    assert time.perf_counter() - t0 >= 0.18
+    # once the foreground is idle, the build runs freely: no pause at all
+    out2 = {}
+    _build_spin(0.05, out2)
+    assert out2["yielded"] == 0.0, out2
+
+
+def test_a_pause_ends_when_the_foreground_stops_working_and_never_waits_forever():
+    foreground.set_build_share(0.01)  # a 2 ms slice then a pause of ~0.2 s or until the work ends
+    started, out = threading.Event(), {}
+    fg = threading.Thread(target=_working_for, args=(0.3, started))
+    fg.start()
+    started.wait()
+    _build_spin(0.01, out)
+    fg.join()
+    assert 0.1 < out["yielded"] < 1.5, out  # it paused, and it went on once the work ended
+
+    # work that never ends: the build still progresses, at about its share
+    foreground.set_build_share(0.5)
+    stop, started = threading.Event(), threading.Event()
+
+    def forever():
+        with foreground.working():
+            started.set()
+            stop.wait()
+
+    fg = threading.Thread(target=forever)
+    fg.start()
+    started.wait()
+    out = {}
+    try:
+        _build_spin(0.05, out)
+    finally:
+        stop.set()
+        fg.join()
+    assert out["yielded"] > 0.02 and out["wall"] < 2.0, out
+
+
+def test_make_way_never_pauses_a_foreground_thread_or_a_build_at_share_one():
+    started, stop = threading.Event(), threading.Event()
+
+    def hold():
+        with foreground.working():
+            started.set()
+            stop.wait()
+
+    fg = threading.Thread(target=hold)
+    fg.start()
+    started.wait()
+    try:
+        assert foreground.working_count() == 1
+        t0 = time.perf_counter()
+        for _ in range(20000):
+            foreground.make_way()  # this thread runs no build: never paused
+        assert time.perf_counter() - t0 < 1.0
+        foreground.set_build_share(1.0)  # as before: a build never steps aside
+        out = {}
+        _build_spin(0.05, out)
+        assert out["yielded"] == 0.0, out
+    finally:
+        stop.set()
+        fg.join()
+    assert foreground.working_count() == 0
+
+
+@pytest.mark.parametrize("bad", [0, -0.5, 1.5, True, "0.1", None, float("nan")])
+def test_a_bad_share_is_refused_by_name_and_keeps_the_old_one(bad):
+    old = foreground.build_share()
+    with pytest.raises(ValueError, match="build share"):
+        foreground.set_build_share(bad)
+    assert foreground.build_share() == old
+    assert foreground.set_build_share(0.25) == old and foreground.build_share() == 0.25
+
+
+def test_a_sessions_step_and_a_set_up_run_as_foreground_work():
+    """Every step (replayed or eager) and the model's set-up are inside ``working()``."""
+    from cadence_fx.compiler import compile_executable, open_session
+    from helpers.toy_models import ToyAdapter, make_toy, toy_prompt
+
+    seen = []
+    model = make_toy(4)
+    adapter = ToyAdapter(model, 5)
+    exe = compile_executable(adapter, "S")
+    real_setup, real_fallback = adapter.setup, adapter.fallback
+
+    def setup(*a, **k):
+        seen.append(("setup", foreground.working_count()))
+        return real_setup(*a, **k)
+
+    adapter.setup = setup
+    session = open_session(exe, adapter, toy_prompt(5))
+    session.fallback = lambda *a, **k: (seen.append(("eager", foreground.working_count())), real_fallback(*a, **k))[1]
+    inputs = adapter.example_inputs()
+    session.step(inputs)
+    session.step(inputs, last=True)  # a flag: the eager path
+    assert seen == [("setup", 1), ("eager", 1)], seen
+    assert foreground.working_count() == 0
+    assert torch.is_tensor(next(iter(session.state().values())))
