@@ -165,7 +165,9 @@ def run(args) -> int:
         if not hasattr(opt, "set_background"):
             raise SystemExit(f"--background: the optimized {spec.name} does not build in the background")
         opt.set_background(True)  # the model is kept for later commands in this process: restored below
-    old_share = foreground.set_build_share(args.build_share if args.build_share is not None else foreground.build_share())
+    old_share = foreground.build_share()  # process-wide: restored below
+    if args.build_share is not None:
+        foreground.set_build_share(args.build_share)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     live: dict[int, dict[str, Any]] = {}
@@ -453,7 +455,8 @@ def _report(args, rules: str, convos, live, rows, device, percentile, idle=()) -
         "conversations": len(convos), "chunks": len(rows),
         "exact": all(p["exact"] for p in per), "program_share": prog, "replayed_share": rep,
         "fallbacks": fallbacks(rows), "off_catalog": args.off_catalog, "background": args.background,
-        "build_share": foreground.build_share(), "idle": args.idle, "idle_s": round(sum(s for s, _ in idle), 3), "captured_idle": sum(n for _, n in idle),
+        "build_share": foreground.build_share(),
+        "idle": args.idle, "idle_s": round(sum(s for s, _ in idle), 3), "captured_idle": sum(n for _, n in idle),
         "specializations": _specializations(live),
         "ttfa_ms_p50": round(percentile(ttfa, 50), 1), "stock_ttfa_ms_p50": round(percentile(stock_ttfa, 50), 1),
         "chunk_ms_p50": p50, "chunk_ms_p99": p99, "stock_chunk_ms_p50": s50, "stock_chunk_ms_p99": s99,

@@ -4,6 +4,7 @@ build beside it took it from 0.2 s to ~1 s (H200, paced traffic, 2026-12-02)."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -37,20 +38,33 @@ def _build_spin(seconds: float, out: dict) -> None:
     out["wall"] = time.perf_counter() - t0
 
 
-def _working_for(seconds: float, started: threading.Event) -> None:
-    with foreground.working():
-        started.set()
-        time.sleep(seconds)
+@contextlib.contextmanager
+def _foreground_working(seconds: float | None = None):
+    """Another thread inside ``foreground.working()`` for ``seconds`` (None: until the block
+    ends); the block starts once it is inside, and ends after it has left."""
+    started, stop = threading.Event(), threading.Event()
+
+    def work():
+        with foreground.working():
+            started.set()
+            stop.wait(seconds)
+
+    fg = threading.Thread(target=work)
+    fg.start()
+    started.wait()
+    try:
+        yield
+    finally:
+        if seconds is None:
+            stop.set()
+        fg.join()
 
 
 def test_a_build_pauses_while_the_foreground_works_and_goes_on_when_it_ends():
-    started, out = threading.Event(), {}
-    fg = threading.Thread(target=_working_for, args=(0.5, started))
-    fg.start()
-    started.wait()
-    t0 = time.perf_counter()
-    _build_spin(0.02, out)  # 20 ms of its own work: at share 0.1 it could not be done in 0.18 s
-    fg.join()
+    out = {}
+    with _foreground_working(0.5):
+        t0 = time.perf_counter()
+        _build_spin(0.02, out)  # 20 ms of its own work: at share 0.1 it could not be done in 0.18 s
     assert out["yielded"] > 0.1, out
     assert time.perf_counter() - t0 >= 0.18
     # once the foreground is idle, the build runs freely: no pause at all
@@ -61,47 +75,21 @@ def test_a_build_pauses_while_the_foreground_works_and_goes_on_when_it_ends():
 
 def test_a_pause_ends_when_the_foreground_stops_working_and_never_waits_forever():
     foreground.set_build_share(0.01)  # a 2 ms slice then a pause of ~0.2 s or until the work ends
-    started, out = threading.Event(), {}
-    fg = threading.Thread(target=_working_for, args=(0.3, started))
-    fg.start()
-    started.wait()
-    _build_spin(0.01, out)
-    fg.join()
+    out = {}
+    with _foreground_working(0.3):
+        _build_spin(0.01, out)
     assert 0.1 < out["yielded"] < 1.5, out  # it paused, and it went on once the work ended
 
     # work that never ends: the build still progresses, at about its share
     foreground.set_build_share(0.5)
-    stop, started = threading.Event(), threading.Event()
-
-    def forever():
-        with foreground.working():
-            started.set()
-            stop.wait()
-
-    fg = threading.Thread(target=forever)
-    fg.start()
-    started.wait()
     out = {}
-    try:
+    with _foreground_working():
         _build_spin(0.05, out)
-    finally:
-        stop.set()
-        fg.join()
     assert out["yielded"] > 0.02 and out["wall"] < 2.0, out
 
 
 def test_make_way_never_pauses_a_foreground_thread_or_a_build_at_share_one():
-    started, stop = threading.Event(), threading.Event()
-
-    def hold():
-        with foreground.working():
-            started.set()
-            stop.wait()
-
-    fg = threading.Thread(target=hold)
-    fg.start()
-    started.wait()
-    try:
+    with _foreground_working():
         assert foreground.working_count() == 1
         t0 = time.perf_counter()
         for _ in range(20000):
@@ -111,9 +99,6 @@ def test_make_way_never_pauses_a_foreground_thread_or_a_build_at_share_one():
         out = {}
         _build_spin(0.05, out)
         assert out["yielded"] == 0.0, out
-    finally:
-        stop.set()
-        fg.join()
     assert foreground.working_count() == 0
 
 
