@@ -38,6 +38,12 @@ chunks behind each other.  So a build steps aside:
   while chunks run (``set_build_share``; 1.0: never pauses, as before 2026-12-03), and
   all of it between chunks.  Never a deadlock: a pause always ends.  Between two yield
   points a build cannot pause (one recompile of a large graph: a few hundred ms).
+- A build is never starved: its share doubles for every ``HELD_DOUBLING_S`` it has paused
+  (``held_share``), so under load that never lets up it reaches the whole host after
+  ``log2(1 / share) * HELD_DOUBLING_S`` of pauses (~6.6 s at 0.1) and lands.  On the H200,
+  8 voices a second apart at a fixed share 0.1 kept every build paused for the whole run
+  (replayed share 0.155, every chunk eager); at 1.0, every chunk beside a build slowed
+  (session twenty-three, ``docs/results``).
 """
 
 from __future__ import annotations
@@ -117,6 +123,8 @@ class _NoDefaultDraws(TorchDispatchMode):
 @contextlib.contextmanager
 def background() -> Iterator[None]:
     """This thread runs a background build for the block (see the module docstring)."""
+    if not in_background():
+        _LOCAL.held_s = 0.0  # a new build: it has not been held back yet
     _LOCAL.depth = getattr(_LOCAL, "depth", 0) + 1
     try:
         with _NoDefaultDraws():
@@ -129,6 +137,8 @@ def background() -> Iterator[None]:
 DEFAULT_BUILD_SHARE = 0.1
 #: how long a build runs, while the foreground works, before ``make_way`` pauses it
 SLICE_S = 0.002
+#: a build's share doubles for every this many seconds it has paused (``held_share``)
+HELD_DOUBLING_S = 2.0
 
 _share = DEFAULT_BUILD_SHARE
 _working = 0  # foreground blocks running now (every thread's)
@@ -181,19 +191,30 @@ def working_count() -> int:
     return _working
 
 
+def held_share(share: float, held_s: float) -> float:
+    """The share of a build that has paused ``held_s`` seconds so far: ``share`` doubled for
+    every ``HELD_DOUBLING_S`` of it, at most 1 (pure; the module docstring says why)."""
+    return min(1.0, share * 2.0 ** (held_s / HELD_DOUBLING_S))
+
+
 def make_way() -> None:
     """A build's yield point; nothing on any other thread, or while no foreground block runs
     (see the module docstring)."""
     if not _working or _share >= 1.0 or not in_background():
+        return
+    share = held_share(_share, getattr(_LOCAL, "held_s", 0.0))
+    if share >= 1.0:
         return
     now = time.perf_counter()
     ran = now - max(getattr(_LOCAL, "ran_since", 0.0), _working_since)
     if ran < SLICE_S:
         return
     with _WORK:
-        _WORK.wait_for(lambda: not _working, ran * (1.0 - _share) / _share)
+        _WORK.wait_for(lambda: not _working, ran * (1.0 - share) / share)
     _LOCAL.ran_since = time.perf_counter()
-    _LOCAL.yielded_s = getattr(_LOCAL, "yielded_s", 0.0) + _LOCAL.ran_since - now
+    paused = _LOCAL.ran_since - now
+    _LOCAL.yielded_s = getattr(_LOCAL, "yielded_s", 0.0) + paused
+    _LOCAL.held_s = getattr(_LOCAL, "held_s", 0.0) + paused
 
 
 def yielded_s() -> float:

@@ -102,6 +102,33 @@ def test_make_way_never_pauses_a_foreground_thread_or_a_build_at_share_one():
     assert foreground.working_count() == 0
 
 
+def test_a_held_back_build_takes_a_rising_share_so_it_always_lands():
+    """Under foreground work that never ends, a build at share 0.1 would take ten times its
+    own time; its share doubles per ``HELD_DOUBLING_S`` paused, so it finishes within a
+    bound and then no longer pauses (8 voices a second apart starved every build at 0.1)."""
+    assert foreground.held_share(0.1, 0.0) == 0.1
+    d = foreground.HELD_DOUBLING_S
+    assert foreground.held_share(0.1, d) == pytest.approx(0.2)
+    assert foreground.held_share(0.1, 3 * d) == pytest.approx(0.8)
+    assert foreground.held_share(0.1, 4 * d) == 1.0 and foreground.held_share(1.0, 0.0) == 1.0
+    foreground.set_build_share(0.01)
+    old = foreground.HELD_DOUBLING_S
+    foreground.HELD_DOUBLING_S = 0.05  # the same rule, on a test's clock
+    try:
+        out = {}
+        with _foreground_working():
+            _build_spin(0.1, out)
+        # at a fixed 0.01, 0.1 s of work is ~10 s of pauses; rising, it needs ~log2(100)*0.05 s
+        assert 0.2 < out["yielded"] < 2.0 and out["wall"] < 3.0, out
+        # a new build starts again from the share set: it pauses
+        out = {}
+        with _foreground_working(0.3):
+            _build_spin(0.005, out)
+        assert out["yielded"] > 0.05, out
+    finally:
+        foreground.HELD_DOUBLING_S = old
+
+
 @pytest.mark.parametrize("bad", [0, -0.5, 1.5, True, "0.1", None, float("nan")])
 def test_a_bad_share_is_refused_by_name_and_keeps_the_old_one(bad):
     old = foreground.build_share()
