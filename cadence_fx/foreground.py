@@ -124,7 +124,7 @@ class _NoDefaultDraws(TorchDispatchMode):
 def background() -> Iterator[None]:
     """This thread runs a background build for the block (see the module docstring)."""
     if not in_background():
-        _LOCAL.held_s = 0.0  # a new build: it has not been held back yet
+        _LOCAL.build_yielded_from = yielded_s()  # a new build: held back for nothing yet
     _LOCAL.depth = getattr(_LOCAL, "depth", 0) + 1
     try:
         with _NoDefaultDraws():
@@ -202,19 +202,17 @@ def make_way() -> None:
     (see the module docstring)."""
     if not _working or _share >= 1.0 or not in_background():
         return
-    share = held_share(_share, getattr(_LOCAL, "held_s", 0.0))
-    if share >= 1.0:
-        return
     now = time.perf_counter()
     ran = now - max(getattr(_LOCAL, "ran_since", 0.0), _working_since)
     if ran < SLICE_S:
         return
+    share = held_share(_share, yielded_s() - _LOCAL.build_yielded_from)
+    if share >= 1.0:
+        return
     with _WORK:
         _WORK.wait_for(lambda: not _working, ran * (1.0 - share) / share)
     _LOCAL.ran_since = time.perf_counter()
-    paused = _LOCAL.ran_since - now
-    _LOCAL.yielded_s = getattr(_LOCAL, "yielded_s", 0.0) + paused
-    _LOCAL.held_s = getattr(_LOCAL, "held_s", 0.0) + paused
+    _LOCAL.yielded_s = yielded_s() + _LOCAL.ran_since - now
 
 
 def yielded_s() -> float:
