@@ -37,3 +37,31 @@ def structure(gm: fx.GraphModule) -> list:
                   if isinstance(v, torch.Tensor) else None)
         rows.append((n.op, str(n.target), arg(n.args), arg(n.kwargs), layout))
     return rows
+
+
+def assert_later_steps_share_one(sym, n_timesteps: int) -> None:
+    """A symbolic step of a flow decoder at ``n_timesteps``: on a copy of its graph,
+    ``passes.step_share`` makes steps 1..n-1 calls of one submodule (the first step
+    differs), and inlining them gives back the traced graph op for op."""
+    from cadence_fx.passes.specialize import module_without_code
+    from cadence_fx.passes.step_share import SHARED, inline_calls, share_calls
+
+    def copied():
+        graph = fx.Graph()
+        graph.output(graph.graph_copy(sym.gm.graph, {}))
+        return module_without_code(sym.gm, graph)
+
+    traced = structure(sym.gm)
+    gm, record = share_calls(copied(), lambda n: "estimator" in meta.scopes(n))
+    assert record.calls == n_timesteps and record.shared == tuple(range(1, n_timesteps)), str(record)
+    calls = [n for n in gm.graph.nodes if n.op == "call_module"]
+    assert [n.target for n in calls] == [SHARED] * (n_timesteps - 1)
+    sub = gm.get_submodule(SHARED).graph
+    attrs = sum(n.op == "get_attr" for n in sub.nodes)
+    # one copy of the step's ops instead of n-1; added: per call its node and outputs, the
+    # step's inputs, constant reads and output
+    before, after = len(sym.gm.graph.nodes), len(gm.graph.nodes) + len(sub.nodes)
+    bound = before - (n_timesteps - 2) * record.nodes_each + (n_timesteps - 1) * (1 + record.outputs) \
+        + record.inputs + attrs + 1
+    assert after <= bound, (before, after, bound, str(record))
+    assert structure(inline_calls(gm)) == traced

@@ -25,6 +25,7 @@ from cadence_fx.integrations import stepaudio2 as s2
 from cadence_fx.integrations.upstream import installed_version
 from cadence_fx.lockstep import compare_streams
 
+from helpers.graph_structure import assert_later_steps_share_one
 from helpers.marks import cuda, keep_report
 from helpers.upstream_token2wav import upstream_token2wav_class
 
@@ -125,6 +126,9 @@ def test_ten_steps_other_prompt_and_seed_with_a_flush_chunk_is_exact():
     again = compare_streams(tail, opt, chunks[:3], torch.device("cpu"))
     assert again["exact"]
     assert len(opt._executables) == 1
+    # steps 1..9 of each entry's symbolic program are one step called nine times (passes/step_share)
+    for _, sym in opt.programs.items():
+        assert_later_steps_share_one(sym, 10)
 
 
 def test_bad_input_is_rejected_and_loses_no_state():

@@ -1,0 +1,265 @@
+"""step_share: repeated calls that record the same ops -> calls of ONE submodule.
+
+A flow-matching decoder runs its estimator ``n_timesteps`` times per chunk, and the
+trace unrolls every call: on a released speech decoder at 5 steps the estimator calls are
+75% of an entry's nodes, at 10 steps 85% (``docs/architecture.md``, "What a new prompt
+length still costs").  Specializing, rewriting and capturing a new prompt length all
+pay per node, so they would pay ``n_timesteps - 1`` times less for the later steps if
+the graph held one copy of the step and called it.  This pass is that graph's first
+half: it finds the calls and proves which of them are copies of one another.
+
+Given a predicate ``inside(node)`` (the adapter's ``step_boundary``: "traced inside the
+estimator"), a *call* is a maximal run of consecutive nodes inside.  Each call gets a
+key: per node its op, target, role tag and arguments, where an argument is a node of
+the same call (by position), a constant (``get_attr``, by attribute name: the same
+tensor) or an input from outside the call (by first-use order), each input's layout
+(sizes, strides, dtype and device: a symbolic step's ``SymTensor``, else its fake
+value) included, but not its storage offset: each step reads its own slot of the DiT
+caches, a view at another offset, and no op's meaning depends on where its input
+starts (an op that reads an offset, ``as_strided``, has it as an argument).  Calls with one key record the same ops on inputs of the same
+layout: the graph computes each as the template's ops applied to that call's inputs,
+which is what ``share_calls`` makes explicit:
+
+- the template (the first call of the largest group of two or more with one key) is
+  copied once into a submodule ``shared_step`` (its inputs as placeholders, its
+  constants as the submodule's own attributes, the same tensors; it returns every value
+  any call's outside uses; its nodes keep the template's value metadata, offsets of
+  views included: a later stage that binds the step per call site reads each site's
+  own inputs);
+- every call of the group becomes ``call_module shared_step`` on that call's inputs at
+  the call's place, and a ``getitem`` per value used after it (with the call's own
+  value metadata);
+- the other calls (on a flow decoder, typically the first step: it also builds tables the later
+  steps read) are left as they were, and said so in the record.
+
+``inline_calls`` is the inverse: it copies the submodule's ops back in place of each
+call, so the graph a trace recorded comes back op for op (checked on the released model
+in ``tests/passes/test_step_share.py``).  The order of every op, and so every write and
+every random draw, is the unrolled graph's: a call runs its ops where the run stood.
+
+Nothing runs the outlined graph yet: specialize, the rewrite passes and partition still
+take the unrolled one (the plan, in commits, is architecture.md's "One flow step, not
+ten"; this pass is its step (a)).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from typing import Callable
+
+import torch
+import torch.fx as fx
+
+from .. import step as meta
+from ..errors import PassError
+
+SHARED = "shared_step"
+
+
+@dataclasses.dataclass(frozen=True)
+class ShareRecord:
+    calls: int  # runs of ``inside`` nodes found
+    shared: tuple[int, ...]  # which of them now call the submodule (by position)
+    nodes_each: int  # ops in the shared step
+    inputs: int  # the step's inputs from outside (per call)
+    outputs: int  # values a call returns
+    left: tuple[str, ...]  # per call not shared: why
+
+    def __str__(self) -> str:
+        if not self.shared:
+            return f"{self.calls} calls, none shared ({'; '.join(self.left) or 'no two alike'})"
+        return (f"{self.calls} calls, {len(self.shared)} share one step of {self.nodes_each} ops "
+                f"({self.inputs} inputs, {self.outputs} outputs); calls {list(self.shared)}"
+                + (f"; left: {'; '.join(self.left)}" if self.left else ""))
+
+
+def find_calls(graph: fx.Graph, inside: Callable[[fx.Node], bool]) -> list[list[fx.Node]]:
+    """Maximal runs of consecutive op nodes for which ``inside`` holds, in graph order."""
+    calls, current = [], None
+    for node in graph.nodes:
+        if node.op in ("call_function", "call_method", "call_module", "get_attr") and inside(node):
+            if node.op == "get_attr":  # a constant read inside: part of the run, not its boundary
+                if current is not None:
+                    current.append(node)
+                continue
+            if current is None:
+                current = []
+                calls.append(current)
+            current.append(node)
+        elif node.op != "get_attr":
+            current = None
+    return calls
+
+
+def _layout(node: fx.Node):
+    sym = node.meta.get(meta.SYM)
+    if sym is not None:  # not its storage offset: each step's cache slot starts elsewhere
+        return ("sym", sym.shape, sym.stride, sym.dtype, sym.device) if hasattr(sym, "stride") else ("sym", sym)
+    v = node.meta.get("val")
+    if isinstance(v, torch.Tensor):
+        return ("val", tuple(v.shape), tuple(v.stride()), v.dtype, v.device)
+    if isinstance(v, (int, float, bool)):
+        return ("value", type(v))
+    return ("op", node.op, node.target)
+
+
+def _hashable(a):
+    if isinstance(a, (list, tuple)):
+        return (type(a).__name__, tuple(_hashable(x) for x in a))
+    if isinstance(a, dict):
+        return ("dict", tuple((k, _hashable(v)) for k, v in a.items()))
+    if isinstance(a, slice):
+        return ("slice", _hashable(a.start), _hashable(a.stop), _hashable(a.step))
+    try:
+        hash(a)
+    except TypeError:
+        return ("id", id(a))
+    return a
+
+
+def call_key(call: list[fx.Node]) -> tuple[tuple, list[fx.Node]]:
+    """(the call's key, its inputs from outside in first-use order)."""
+    local: dict[fx.Node, int] = {}
+    inputs: dict[fx.Node, int] = {}
+    rows = []
+
+    def ref(a: fx.Node):
+        if a in local:
+            return ("local", local[a])
+        if a.op == "get_attr":
+            return ("attr", a.target)
+        if a not in inputs:
+            inputs[a] = len(inputs)
+        return ("input", inputs[a], _layout(a))
+
+    for i, node in enumerate(call):
+        args = fx.node.map_arg((node.args, node.kwargs), ref)
+        rows.append((node.op, node.target, meta.role(node), _hashable(args)))
+        local[node] = i
+    return tuple(rows), list(inputs)
+
+
+def share_calls(gm: fx.GraphModule, inside: Callable[[fx.Node], bool],
+                name: str = SHARED) -> tuple[fx.GraphModule, ShareRecord]:
+    """Replace the largest group of alike calls by calls of one submodule (in place)."""
+    if hasattr(gm, name):
+        raise PassError(f"step_share: {type(gm).__name__} already has an attribute {name!r}")
+    calls = find_calls(gm.graph, inside)
+    keyed = [call_key(c) for c in calls]
+    groups: dict[tuple, list[int]] = {}
+    for i, (key, _) in enumerate(keyed):
+        groups.setdefault(key, []).append(i)
+    best = max((g for g in groups.values() if len(g) > 1), key=len, default=[])
+    left = tuple(f"call {i} ({len(calls[i])} ops) differs from the shared step"
+                 for i in range(len(calls)) if i not in best)
+    if not best:
+        return gm, ShareRecord(len(calls), (), 0, 0, 0, left)
+    template, t_inputs = calls[best[0]], keyed[best[0]][1]
+    members = [set(calls[i]) for i in best]
+    # positions (in the call) of values used after it, at any call of the group
+    used = sorted({j for i, nodes in zip(best, members) for j, n in enumerate(calls[i])
+                   if n.op != "get_attr" and any(u not in nodes for u in n.users)})
+    sub = _submodule(gm, template, t_inputs, used)
+    gm.add_submodule(name, sub)
+    replaced: dict[fx.Node, fx.Node] = {}  # a value of an earlier call -> its getitem
+    for i in best:
+        call, inputs = calls[i], [replaced.get(a, a) for a in keyed[i][1]]
+        with gm.graph.inserting_before(call[0]):
+            node = gm.graph.call_module(name, tuple(inputs))
+        node.meta.update({k: v for k, v in call[0].meta.items() if k == meta.SCOPE})
+        node.meta["step_share"] = {"call": i}
+        inner, anchor = set(call), node
+        for k, j in enumerate(used):
+            value = call[j]
+            outside = [u for u in value.users if u not in inner]
+            if not outside:
+                continue
+            with gm.graph.inserting_after(anchor):
+                item = anchor = gm.graph.call_function(operator.getitem, (node, k))
+            item.meta = dict(value.meta)
+            replaced[value] = item
+            for u in outside:
+                u.replace_input_with(value, item)
+        read = {a for n in call for a in n.all_input_nodes if a.op == "get_attr" and a not in inner}
+        for n in reversed(call):
+            if n.op == "get_attr" and any(u not in inner for u in n.users):
+                node.prepend(n)  # a constant read after the call too: kept, before the call
+                continue
+            gm.graph.erase_node(n)
+        for a in read:  # make_fx reads a constant once per use: the reads only the call made go
+            if not a.users:
+                gm.graph.erase_node(a)
+    gm.graph.lint()
+    return gm, ShareRecord(len(calls), tuple(best), sum(n.op != "get_attr" for n in template),
+                           len(t_inputs), len(used), left)
+
+
+def _submodule(gm: fx.GraphModule, template: list[fx.Node], inputs: list[fx.Node],
+               used: list[int]) -> fx.GraphModule:
+    graph = fx.Graph()
+    root = torch.nn.Module()
+    env: dict[fx.Node, fx.Node] = {}
+    for k, a in enumerate(inputs):
+        env[a] = graph.placeholder(f"in{k}_{a.name}")
+        env[a].meta = dict(a.meta)
+    attrs: dict[str, fx.Node] = {}
+
+    def arg(a: fx.Node) -> fx.Node:
+        if a in env:
+            return env[a]
+        if a.op == "get_attr":  # a constant read from before the call: the submodule's own attribute
+            if a.target not in attrs:
+                _copy_attr(gm, root, a.target)
+                attrs[a.target] = graph.get_attr(a.target)
+                attrs[a.target].meta = dict(a.meta)
+            return attrs[a.target]
+        raise PassError(f"step_share: {a.name} is read by the step but is neither in it nor an input")
+
+    for node in template:
+        if node.op == "get_attr":
+            if node.target not in attrs:
+                _copy_attr(gm, root, node.target)
+                attrs[node.target] = graph.node_copy(node)
+            env[node] = attrs[node.target]
+            continue
+        env[node] = graph.node_copy(node, arg)
+    graph.output(tuple(env[template[j]] for j in used))
+    return fx.GraphModule(root, graph, class_name="SharedStep")
+
+
+def _copy_attr(src: torch.nn.Module, dst: torch.nn.Module, target: str) -> None:
+    from torch.fx.graph_module import _copy_attr as copy
+    copy(src, dst, target)
+
+
+def inline_calls(gm: fx.GraphModule, name: str = SHARED) -> fx.GraphModule:
+    """The graph with every call of submodule ``name`` replaced by its ops (in place)."""
+    sub = gm.get_submodule(name)
+    for call in [n for n in gm.graph.nodes if n.op == "call_module" and n.target == name]:
+        env: dict[fx.Node, object] = {}
+        placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+        env.update(zip(placeholders, call.args))
+        results = None
+        with gm.graph.inserting_before(call):
+            for n in sub.graph.nodes:
+                if n.op == "placeholder":
+                    continue
+                if n.op == "output":
+                    results = fx.node.map_arg(n.args[0], lambda a: env[a])
+                    continue
+                if n.op == "get_attr":  # read where the call stood, as a trace reads it
+                    if not hasattr(gm, n.target):
+                        _copy_attr(sub, gm, n.target)
+                    env[n] = gm.graph.node_copy(n)
+                    continue
+                env[n] = gm.graph.node_copy(n, lambda a: env[a])
+        for user in list(call.users):
+            if user.op != "call_function" or user.target is not operator.getitem:
+                raise PassError(f"step_share: {user.name} uses the call {call.name} whole")
+            user.replace_all_uses_with(results[user.args[1]])
+            gm.graph.erase_node(user)
+        gm.graph.erase_node(call)
+    gm.delete_submodule(name)
+    gm.graph.lint()
+    return gm

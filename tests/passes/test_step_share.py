@@ -1,0 +1,126 @@
+"""step_share, pinned on a three-step toy flow (the first step differs: it also builds a
+table the later steps read), and its inverse.  On the released model the later flow
+steps share one step, and inlining gives back the unrolled graph op for op (in
+``tests/integrations/test_token2wav.py``'s ten-step test, which traces that model)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from expecttest import TestCase
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from cadence_fx import step as meta
+from cadence_fx.errors import PassError
+from cadence_fx.passes.step_share import SHARED, call_key, find_calls, inline_calls, share_calls
+
+from helpers.graph_structure import structure
+
+
+class Est(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x, t, cache, first, act=torch.tanh):
+        h = self.lin(x) * t
+        if first:
+            h = h + cache.sum()  # the first call does more (as Token2Wav's first step does)
+        cache.copy_(cache * 0.5 + h.mean())
+        return act(h)
+
+
+class Flow(torch.nn.Module):
+    def __init__(self, acts=(torch.tanh,) * 3, first=True):
+        super().__init__()
+        self.est, self.acts, self.first = Est(), acts, first
+
+    def forward(self, x, caches):
+        for k in range(3):
+            t, slot = torch.full((1,), (k + 1) / 3), caches[k]  # per step: its time and its cache slot
+            with meta.scope("estimator"):
+                x = x + self.est(x, t, slot, self.first and k == 0, self.acts[k])
+        return x
+
+
+def traced(**kw):
+    torch.manual_seed(0)
+    flow = Flow(**kw)
+    with torch.no_grad():
+        gm = make_fx(flow, pre_dispatch=True)(torch.randn(2, 4), torch.zeros(3, 4))
+    return flow, gm
+
+
+def inside(node):
+    return "estimator" in meta.scopes(node)
+
+
+def run(gm, x, caches):
+    with torch.no_grad():
+        return gm(x, caches)
+
+
+class TestStepShare(TestCase):
+    def test_the_later_steps_call_one_step_and_compute_the_same(self):
+        flow, gm = traced()
+        unrolled = copy.deepcopy(gm)
+        assert [len(c) for c in find_calls(gm.graph, inside)] == [10, 8, 8]
+        gm, record = share_calls(gm, inside)
+        gm.recompile()
+        self.assertEqual(str(record), "3 calls, 2 share one step of 8 ops (3 inputs, 1 outputs); calls [1, 2]; "
+                                      "left: call 0 (10 ops) differs from the shared step")
+        self.assertExpectedInline(gm.get_submodule(SHARED).code.strip(), """\
+def forward(self, in0_add_2, in1_full_1, in2_select_1):
+    _param_constant0 = self._param_constant0
+    _param_constant1 = self._param_constant1
+    linear_1 = torch.ops.aten.linear.default(in0_add_2, _param_constant0, _param_constant1);  _param_constant0 = _param_constant1 = None
+    mul_2 = torch.ops.aten.mul.Tensor(linear_1, in1_full_1);  linear_1 = in1_full_1 = None
+    mul_3 = torch.ops.aten.mul.Tensor(in2_select_1, 0.5)
+    mean_1 = torch.ops.aten.mean.default(mul_2)
+    add_3 = torch.ops.aten.add.Tensor(mul_3, mean_1);  mul_3 = mean_1 = None
+    copy__1 = torch.ops.aten.copy_.default(in2_select_1, add_3);  in2_select_1 = add_3 = copy__1 = None
+    tanh_1 = torch.ops.aten.tanh.default(mul_2);  mul_2 = None
+    add_4 = torch.ops.aten.add.Tensor(in0_add_2, tanh_1);  in0_add_2 = tanh_1 = None
+    return (add_4,)""")
+        calls = [n for n in gm.graph.nodes if n.op == "call_module"]
+        assert calls[0].args[0].name == "add_2"  # each step's x: the first step's result,
+        assert calls[1].args[0].args == (calls[0], 0)  # then the previous call's
+        assert [n.args[2].name for n in calls] == ["select_1", "select_2"]  # each step's cache slot
+        # the same values and the same writes, in place, as the unrolled graph
+        x, caches = torch.randn(2, 4), torch.randn(3, 4)
+        c1, c2 = caches.clone(), caches.clone()
+        assert torch.equal(run(gm, x, c1), run(unrolled, x, c2)) and torch.equal(c1, c2)
+
+    def test_inlining_gives_back_the_unrolled_graph_op_for_op(self):
+        _, gm = traced()
+        unrolled = structure(gm)
+        share_calls(gm, inside)
+        inline_calls(gm)
+        assert not hasattr(gm, SHARED)
+        assert structure(gm) == unrolled
+
+    def test_calls_on_inputs_of_another_layout_are_not_alike(self):
+        _, gm = traced()
+        [_, a, b] = find_calls(gm.graph, inside)
+        assert call_key(a)[0] == call_key(b)[0]
+        b_x = call_key(b)[1][0]
+        b_x.meta["val"] = torch.empty(3, 4)  # another layout of the step's input: another step
+        assert call_key(a)[0] != call_key(b)[0]
+        gm2, record = share_calls(gm, inside)
+        assert record.shared == () and not hasattr(gm2, SHARED)
+
+    def test_calls_of_other_ops_on_the_same_arguments_are_not_alike(self):
+        _, gm = traced(acts=(torch.tanh, torch.tanh, torch.sigmoid), first=False)
+        gm, record = share_calls(gm, inside)
+        assert record.shared == (0, 1), str(record)
+        assert record.left == ("call 2 (8 ops) differs from the shared step",)
+        gm.recompile()
+        assert "sigmoid" not in gm.get_submodule(SHARED).code and "sigmoid" in gm.code
+
+    def test_a_module_that_has_the_name_already_is_refused(self):
+        _, gm = traced()
+        gm.register_module(SHARED, torch.nn.Identity())
+        with pytest.raises(PassError, match="already has an attribute"):
+            share_calls(gm, inside)
