@@ -16,9 +16,10 @@ tensor) or an input from outside the call (by first-use order), each input's lay
 (sizes, strides, dtype and device: a symbolic step's ``SymTensor``, else its fake
 value) included, but not its storage offset: each step reads its own slot of the DiT
 caches, a view at another offset, and no op's meaning depends on where its input
-starts (an op that reads an offset, ``as_strided``, has it as an argument).  Calls with one key record the same ops on inputs of the same
-layout: the graph computes each as the template's ops applied to that call's inputs,
-which is what ``share_calls`` makes explicit:
+starts (an op that reads an offset, ``as_strided``, has it as an argument).  Calls
+with one key record the same ops on inputs of the same layout: the graph computes each
+as the template's ops applied to that call's inputs, which is what ``share_calls``
+makes explicit:
 
 - the template (the first call of the largest group of two or more with one key) is
   copied once into a submodule ``shared_step`` (its inputs as placeholders, its
