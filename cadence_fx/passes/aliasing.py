@@ -22,12 +22,12 @@ import torch.fx as fx
 
 from .. import step as meta
 from ..step import Role
-from .base import is_view, returns_written, written_args
+from .base import _aliased_arg, call_summary, is_view, returns_written, written_args
 
 
 @dataclasses.dataclass(frozen=True)
 class Access:
-    position: int
+    position: float  # the op's place in the graph (an op inside a shared step's call: between the call's and the next)
     node: str
     region: str
     origin: str  # "S" (through the state view), "B" (through the buffer) or "?" (unknown)
@@ -55,11 +55,30 @@ def origins(gm: fx.GraphModule) -> dict[fx.Node, str]:
             tag[node] = "S"
         elif role is Role.ARENA:
             tag[node] = "B"
-        elif (node.op == "call_function" and (is_view(node) or returns_written(node)) and node.args
-              and isinstance(node.args[0], fx.Node)):
-            if node.args[0] in tag:  # a view, or an in-place op's result: the same memory, the same origin
-                tag[node] = tag[node.args[0]]
+        else:
+            src = _aliased_arg(node)  # a view, an in-place op's result, a call's item that is its argument
+            if src is not None and src in tag:  # the same memory, the same origin
+                tag[node] = tag[src]
     return tag
+
+
+def _inner(call: fx.Node, position: float, env: Mapping, tags: Mapping):
+    """(submodule, positions, env, tags) to walk a shared step's call: its placeholders
+    are the call's arguments (their values and origins), its ops sit between the call's
+    position and the next."""
+    sub = call.graph.owning_module.get_submodule(call.target)
+    nodes = list(sub.graph.nodes)
+    step = 1.0 / (len(nodes) + 1)
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    inner_env = {p: env[a] for p, a in zip(placeholders, call.args) if isinstance(a, fx.Node) and a in env}
+    inner_tags = origins(sub)
+    inner_tags.update({p: tags[a] for p, a in zip(placeholders, call.args) if isinstance(a, fx.Node) and a in tags})
+    for node in nodes:  # views of a tagged placeholder inherit its origin
+        src = _aliased_arg(node)
+        if src is not None and src in inner_tags:
+            inner_tags[node] = inner_tags[src]
+    positions = {n: position + (j + 1) * step for j, n in enumerate(nodes)}
+    return sub, positions, inner_env, inner_tags
 
 
 def _region_args(n: fx.Node, position: int, env: Mapping, storages: Mapping[str, int], tags: Mapping) -> list[Access]:
@@ -85,16 +104,23 @@ def record_accesses(gm: fx.GraphModule, args: list, regions: Mapping[str, torch.
     log: list[Access] = []
 
     class Recorder(fx.Interpreter):
-        position = 0
+        def __init__(self, module, tags, positions=None):
+            super().__init__(module)
+            self.tags, self.positions, self.position = tags, positions, 0
 
         def run_node(self, n):
-            if n.op == "call_function" and not is_view(n):
-                log.extend(_region_args(n, self.position, self.env, storages, tags))
+            at = self.positions[n] if self.positions is not None else self.position
             self.position += 1
+            if n.op == "call_function" and not is_view(n):
+                log.extend(_region_args(n, at, self.env, storages, self.tags))
+            if n.op == "call_module" and call_summary(n) is not None:  # a shared step: its ops, logged
+                sub, positions, _, inner_tags = _inner(n, at, {}, self.tags)
+                args, kwargs = self.fetch_args_kwargs_from_env(n)
+                return Recorder(sub, inner_tags, positions).run(*args, **kwargs)
             return super().run_node(n)
 
     with torch.no_grad():
-        Recorder(gm).run(*args)
+        Recorder(gm, tags).run(*args)
     return log
 
 
@@ -118,12 +144,20 @@ def record_region_accesses(gm: fx.GraphModule, regions: Mapping[str, torch.Tenso
     the caller then runs the graph (``record_accesses``).
     """
     storages = {r: t.untyped_storage().data_ptr() for r, t in regions.items()}
-    tags = origins(gm)
     env: dict[fx.Node, object] = {}
     for node in gm.graph.nodes:
         if node.op == "placeholder" and meta.role(node) is Role.ARENA:
             env[node] = regions[meta.region(node)]
     log: list[Access] = []
+    with torch.no_grad():
+        _walk(gm, None, env, origins(gm), storages, log)
+    return log
+
+
+def _walk(gm: fx.GraphModule, positions: "Mapping | None", env: dict, tags: Mapping, storages: Mapping,
+          log: list) -> None:
+    """``record_region_accesses``' walk over one graph (a shared step's call: over its
+    submodule, at the call's arguments)."""
 
     def value(a):
         if isinstance(a, fx.Node):
@@ -137,27 +171,36 @@ def record_region_accesses(gm: fx.GraphModule, regions: Mapping[str, torch.Tenso
     def known(a) -> bool:
         return isinstance(a, fx.Node) and a in env
 
-    with torch.no_grad():
-        for position, n in enumerate(gm.graph.nodes):
-            if n.op != "call_function":
-                continue
-            if not any(known(a) for a in n.all_input_nodes):
-                continue
-            if is_view(n):
-                if known(n.args[0] if n.args else None):  # else a view of other memory
-                    env[n] = n.target(*value(n.args), **value(n.kwargs))
-                continue
-            if not isinstance(n.target, torch._ops.OpOverload):
-                raise NeedsFullRun(f"{n.name} ({n.target}) takes region memory")
-            log.extend(_region_args(n, position, env, storages, tags))
-            if returns_written(n):  # its result is its first argument: region memory if that is
-                if known(n.args[0]):
-                    env[n] = env[n.args[0]]
-            elif n.target in _UNANNOTATED_VIEWS and known(n.args[0]):
-                env[n] = n.target(*value(n.args), **value(n.kwargs))
-            elif _returns_alias_of(n, known):
-                raise NeedsFullRun(f"{n.name} ({n.target}) may return region memory")
-    return log
+    for index, n in enumerate(gm.graph.nodes):
+        position = positions[n] if positions is not None else index
+        if n.op not in ("call_function", "call_module"):
+            continue
+        if not any(known(a) for a in n.all_input_nodes):
+            continue
+        if n.op == "call_module":
+            if call_summary(n) is None:
+                raise NeedsFullRun(f"{n.name} (a call of module {n.target}) takes region memory")
+            sub, inner_positions, inner_env, inner_tags = _inner(n, position, env, tags)
+            _walk(sub, inner_positions, inner_env, inner_tags, storages, log)
+            (output,) = [o for o in sub.graph.nodes if o.op == "output"]
+            env[n] = tuple(inner_env.get(v) if isinstance(v, fx.Node) else None for v in output.args[0])
+            continue
+        if is_view(n):
+            if known(n.args[0] if n.args else None):  # else a view of other memory
+                v = n.target(*value(n.args), **value(n.kwargs))
+                if v is not None:  # (an item of a call that is not region memory: None)
+                    env[n] = v
+            continue
+        if not isinstance(n.target, torch._ops.OpOverload):
+            raise NeedsFullRun(f"{n.name} ({n.target}) takes region memory")
+        log.extend(_region_args(n, position, env, storages, tags))
+        if returns_written(n):  # its result is its first argument: region memory if that is
+            if known(n.args[0]):
+                env[n] = env[n.args[0]]
+        elif n.target in _UNANNOTATED_VIEWS and known(n.args[0]):
+            env[n] = n.target(*value(n.args), **value(n.kwargs))
+        elif _returns_alias_of(n, known):
+            raise NeedsFullRun(f"{n.name} ({n.target}) may return region memory")
 
 
 def _returns_alias_of(n: fx.Node, known) -> bool:

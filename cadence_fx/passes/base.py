@@ -214,34 +214,83 @@ def returns_written(node: fx.Node) -> bool:
     return isinstance(t, torch._ops.OpOverload) and _facts(t).returns_written
 
 
+#: ``GraphModule.meta`` key of a shared step's ``CallSummary`` (``passes.step_share``)
+CALL_SUMMARY = "cadence_call_summary"
+
+
+@dataclasses.dataclass(frozen=True)
+class CallSummary:
+    """What a ``call_module`` of a shared step does to its arguments, as the analyses
+    here see one op: which arguments it writes (through any view), which argument each
+    returned value is (a view of, or an in-place op's result on) or None (fresh
+    memory), and whether it draws random numbers, writes or is impure at all."""
+
+    written: tuple[int, ...]
+    aliases: tuple["int | None", ...]
+    effects: bool
+
+
+def call_summary(node: fx.Node) -> "CallSummary | None":
+    """The summary of a ``call_module`` node's submodule, or None (not a shared step)."""
+    if node.op != "call_module":
+        return None
+    owner = node.graph.owning_module
+    sub = owner.get_submodule(node.target) if owner is not None else None
+    return getattr(sub, "meta", {}).get(CALL_SUMMARY)
+
+
+def _aliased_arg(node: fx.Node) -> "fx.Node | None":
+    """The argument a view-like node's value is memory of: a view's or an in-place op's
+    first argument; for an item of a shared step's result, the argument that item
+    aliases (None: fresh memory)."""
+    if node.op != "call_function" or not node.args or not isinstance(node.args[0], fx.Node):
+        return None
+    src = node.args[0]
+    if node.target is getattr(__import__("operator"), "getitem") and src.op == "call_module":
+        summary = call_summary(src)
+        if summary is None:
+            return src
+        i = summary.aliases[node.args[1]]
+        return src.args[i] if i is not None and isinstance(src.args[i], fx.Node) else None
+    if is_view(node) or returns_written(node):
+        return src
+    return None
+
+
 def view_root(node: fx.Node) -> fx.Node:
     """Follow view ops (and in-place ops' results, which alias what they wrote) back to the tensor."""
-    while (node.op == "call_function" and (is_view(node) or returns_written(node)) and node.args
-           and isinstance(node.args[0], fx.Node)):
-        node = node.args[0]
-    return node
+    while True:
+        src = _aliased_arg(node)
+        if src is None:
+            return node
+        node = src
 
 
 def view_roots(gm: fx.GraphModule) -> dict[fx.Node, fx.Node]:
     """``view_root`` of every node, in one walk (each node's root is its source's)."""
     roots: dict[fx.Node, fx.Node] = {}
     for node in gm.graph.nodes:
-        src = node.args[0] if node.args else None
-        if (node.op == "call_function" and isinstance(src, fx.Node) and src in roots
-                and (is_view(node) or returns_written(node))):
-            roots[node] = roots[src]
-        else:
-            roots[node] = node
+        src = _aliased_arg(node)
+        roots[node] = roots[src] if src is not None and src in roots else node
     return roots
 
 
 def has_side_effect(node: fx.Node) -> bool:
+    if node.op == "call_module":
+        summary = call_summary(node)
+        return summary is None or summary.effects  # a module not summarized: assume it has one
     return node.op in ("placeholder", "output") or is_random(node) or is_mutating(node) or node.is_impure()
 
 
 def written_args(node: fx.Node) -> list[fx.Node]:
-    """The node arguments an op writes into (per its schema's alias annotations)."""
+    """The node arguments an op writes into (per its schema's alias annotations; for a
+    shared step's call, per its ``CallSummary``)."""
     t = node.target
+    if node.op == "call_module":
+        summary = call_summary(node)
+        if summary is None:
+            return []
+        return [node.args[i] for i in summary.written if isinstance(node.args[i], fx.Node)]
     if not isinstance(t, torch._ops.OpOverload):
         return []
     out = []

@@ -54,6 +54,7 @@ import torch.fx as fx
 
 from .. import step as meta
 from ..errors import PassError
+from .base import CALL_SUMMARY, CallSummary, has_side_effect, view_roots, written_args
 
 SHARED = "shared_step"
 
@@ -203,7 +204,7 @@ def _submodule(gm: fx.GraphModule, template: list[fx.Node], inputs: list[fx.Node
     env: dict[fx.Node, fx.Node] = {}
     for k, a in enumerate(inputs):
         env[a] = graph.placeholder(f"in{k}_{a.name}")
-        env[a].meta = dict(a.meta)
+        env[a].meta = {key: v for key, v in a.meta.items() if key != meta.TAG}  # an input, whatever fed it
     attrs: dict[str, fx.Node] = {}
 
     def arg(a: fx.Node) -> fx.Node:
@@ -226,7 +227,22 @@ def _submodule(gm: fx.GraphModule, template: list[fx.Node], inputs: list[fx.Node
             continue
         env[node] = graph.node_copy(node, arg)
     graph.output(tuple(env[template[j]] for j in used))
-    return fx.GraphModule(root, graph, class_name="SharedStep")
+    sub = fx.GraphModule(root, graph, class_name="SharedStep")
+    sub.meta[CALL_SUMMARY] = summarize(sub)
+    return sub
+
+
+def summarize(sub: fx.GraphModule) -> CallSummary:
+    """What a call of ``sub`` does to its arguments (``base.CallSummary``), from its ops."""
+    nodes = list(sub.graph.nodes)
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    index = {p: i for i, p in enumerate(placeholders)}
+    roots = view_roots(sub)
+    written = sorted({index[roots[w]] for n in nodes for w in written_args(n) if roots[w] in index})
+    (output,) = [n for n in nodes if n.op == "output"]
+    aliases = tuple(index.get(roots[v]) if isinstance(v, fx.Node) else None for v in output.args[0])
+    effects = bool(written) or any(has_side_effect(n) for n in nodes if n.op not in ("placeholder", "output"))
+    return CallSummary(tuple(written), aliases, effects)
 
 
 def _copy_attr(src: torch.nn.Module, dst: torch.nn.Module, target: str) -> None:

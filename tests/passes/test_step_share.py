@@ -124,3 +124,63 @@ def forward(self, in0_add_2, in1_full_1, in2_select_1):
         gm.register_module(SHARED, torch.nn.Identity())
         with pytest.raises(PassError, match="already has an attribute"):
             share_calls(gm, inside)
+
+
+def test_the_analyses_see_a_call_as_the_ops_it_runs():
+    """A call writes the cache slot it is given (the toy's ``copy_``), returns fresh
+    memory, and so has an effect: what ``written_args``, ``view_root`` and
+    ``has_side_effect`` say of the call is what they say of its ops."""
+    from cadence_fx.passes.base import CALL_SUMMARY, CallSummary, has_side_effect, view_root, written_args
+    _, gm = traced()
+    share_calls(gm, inside)
+    sub = gm.get_submodule(SHARED)
+    assert sub.meta[CALL_SUMMARY] == CallSummary(written=(2,), aliases=(None,), effects=True)
+    calls = [n for n in gm.graph.nodes if n.op == "call_module"]
+    for call in calls:
+        assert written_args(call) == [call.args[2]] and has_side_effect(call)
+        (item,) = call.users
+        assert view_root(item) is item  # fresh memory: its own root
+    # a step that only reads, and returns a view of its input: no effect, that item is the input's memory
+    def viewing(x):
+        outs = []
+        for _ in range(2):
+            x = x * 2.0  # between the calls
+            with meta.scope("estimator"):
+                outs.append(x[0])
+                x = x.tanh()
+        return outs + [x]
+
+    g = make_fx(viewing, pre_dispatch=True)(torch.randn(2, 4))
+    share_calls(g, inside)
+    assert g.get_submodule(SHARED).meta[CALL_SUMMARY] == CallSummary(written=(), aliases=(0, None), effects=False)
+    for call in [n for n in g.graph.nodes if n.op == "call_module"]:
+        assert not has_side_effect(call) and written_args(call) == []
+        first = [u for u in call.users if u.args[1] == 0][0]
+        assert view_root(first) is view_root(call.args[0])  # the item is the input's memory
+
+
+def test_the_region_walk_follows_a_call_into_its_ops():
+    """The hazard check's walk (and the logging run) over the shared graph logs, in order,
+    the region accesses it logs over the unrolled graph: each call's write of its cache
+    slot at the slot's own bytes."""
+    from cadence_fx.passes import aliasing
+    from cadence_fx.step import Role
+    _, gm = traced()
+    [_, caches] = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    meta.tag(caches, Role.ARENA, region="cache")
+
+    def log(g, run):
+        region = torch.zeros(3, 4)
+        if run:
+            accesses = aliasing.record_accesses(g, [torch.randn(2, 4), region], {"cache": region})
+        else:
+            accesses = aliasing.record_region_accesses(g, {"cache": region})
+        assert [a.position for a in accesses] == sorted(a.position for a in accesses)
+        return [(a.region, a.origin, a.kind, a.lo, a.hi) for a in accesses]
+
+    unrolled = log(gm, False)
+    assert [(k, lo) for _, _, k, lo, _ in unrolled if k == "write"] == [("write", 0), ("write", 16), ("write", 32)]
+    share_calls(gm, inside)
+    gm.recompile()
+    assert log(gm, False) == unrolled
+    assert log(gm, True) == unrolled
