@@ -47,6 +47,8 @@ def main(argv=None) -> int:
     p.add_argument("--rules", default="S", help="S: the CPU pipeline; SRc: the replay pipeline's passes")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--prompt-tokens", default="75,150")
+    p.add_argument("--unrolled", action="store_true",
+                   help="rule S: specialize every flow step (as rules R do), not one shared step")
     p.add_argument("--capture-code", action="store_true", help="also time generating each piece's code (rules SRc)")
     p.add_argument("--gc-off", action="store_true",
                    help="hold Python's collector through each repetition: the passes' own cost, without "
@@ -64,9 +66,9 @@ def main(argv=None) -> int:
     calls, pipes = [], []
     orig_spec, orig_pipe = entry_mod.specialize, compiler.rewrite_pipeline
 
-    def record_spec(sym, at, tensors, by_region, recompile=True):
-        calls.append((sym, dict(at), dict(tensors), dict(by_region)))
-        return orig_spec(sym, at, tensors, by_region, recompile=recompile)
+    def record_spec(sym, at, tensors, by_region, recompile=True, share=None):
+        calls.append((sym, dict(at), dict(tensors), dict(by_region), share))
+        return orig_spec(sym, at, tensors, by_region, recompile=recompile, share=share)
 
     def record_pipe(bindings, rules="S", device_type="cpu", boundary=None, **kw):
         if args.rules != "S":
@@ -108,9 +110,10 @@ def main(argv=None) -> int:
             import cProfile
             prof = cProfile.Profile()
             prof.enable()
-        for (sym, at, tensors, by_region), (bindings, rules, device_type, boundary) in zip(calls, pipes):
+        for (sym, at, tensors, by_region, share), (bindings, rules, device_type, boundary) in zip(calls, pipes):
             t0 = time.perf_counter()
-            gm = spec_mod.specialize(sym, at, tensors, by_region, recompile=False)
+            gm = spec_mod.specialize(sym, at, tensors, by_region, recompile=False,
+                                     share=None if args.unrolled else share)
             rep_times["specialize"] = rep_times.get("specialize", 0.0) + time.perf_counter() - t0
             t0 = time.perf_counter()
             gm, _ = compiler.rewrite_pipeline(bindings, rules, device_type, boundary)(gm)
@@ -133,7 +136,7 @@ def main(argv=None) -> int:
         pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(args.profile)
         pstats.Stats(prof, stream=sys.stderr).sort_stats("cumulative").print_stats(args.profile)
     out = {"torch": torch.__version__, "threads": torch.get_num_threads(), "n_timesteps": args.n_timesteps,
-           "rules": args.rules, "gc_off": args.gc_off, "entries": len(calls), "reps": args.reps,
+           "rules": args.rules, "unrolled": args.unrolled, "gc_off": args.gc_off, "entries": len(calls), "reps": args.reps,
            "median_s": {k: round(statistics.median(v), 3) for k, v in times.items()},
            "min_s": {k: round(min(v), 3) for k, v in times.items()}}
     print(json.dumps(out))

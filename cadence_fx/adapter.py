@@ -113,6 +113,13 @@ class StreamingAdapter:
         starts wherever the key changes (e.g. entering or leaving the estimator)."""
         return None
 
+    def repeated_calls(self):
+        """``inside(node) -> bool`` marking the nodes of a call the step makes several
+        times with the same ops (a flow decoder's estimator, once per flow step), or
+        None.  Rule S specializes and rewrites one copy of such a call and calls it
+        (``passes.step_share``); the unrolled graph computes the same, op for op."""
+        return None
+
     def callable_verdicts(self) -> tuple:
         """``ScopeVerdict``s for the model's callables (what is traced, what stays eager and why)."""
         return ()

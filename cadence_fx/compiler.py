@@ -130,6 +130,12 @@ def rewrite_pipeline(bindings: list[RegionBinding], rules: "str | Rules" = "S", 
                        checks=[lambda gm: gm.graph.lint()], debug=debug)
 
 
+def shared_calls(adapter: StreamingAdapter, rules: Rules):
+    """The calls ``specialize`` keeps as one shared step (``adapter.repeated_calls()``), or
+    None: rule S only, for now (partition and capture take the unrolled graph)."""
+    return None if rules.replays else adapter.repeated_calls()
+
+
 def buffer_bindings(declaration: Declaration, arena: Arena) -> dict[str, torch.Tensor]:
     """Module buffer path -> the arena region that replaces it."""
     return {path: arena.full(r.name) for r in declaration.regions for path in r.buffers if r.name in arena.regions}
@@ -209,7 +215,7 @@ def _compile(adapter: StreamingAdapter, rules: "str | Rules",
         gm = None
         if rules.stable_state and programs is not None and adapter.symbolic_dims():
             gm = specialized_entry(adapter, lambda d: build_plan(adapter, d), plan, entry, by_region, programs,
-                                   setup, say)
+                                   setup, say, share=shared_calls(adapter, rules))
         what = f"tracing catalog entry {entry.index + 1}/{len(plan.catalog)}"
         with fenced(devices, what, runs_for_real=gm is None):
             for attempt in range(3):
@@ -277,7 +283,8 @@ def _variant_builder(adapter: StreamingAdapter, plan: Plan, rules: Rules, progra
         gm = None
         if key.entry is not None and programs is not None and adapter.symbolic_dims():
             gm = specialized_entry(adapter, lambda d: build_plan(adapter, d), plan, plan.catalog[key.entry],
-                                   by_region, programs, setup, say, example_inputs=example, flags=flags)
+                                   by_region, programs, setup, say, example_inputs=example, flags=flags,
+                                   share=shared_calls(adapter, rules))
         with fenced(devices, f"tracing the off-catalog chunk {key.label()}", runs_for_real=gm is None):
             if gm is None:
                 say(f"tracing the off-catalog chunk {key.label()} at its exact shapes")

@@ -22,7 +22,7 @@ node names), checked in ``tests/passes/test_specialize.py``; it runs no model co
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Callable, Mapping
 
 import torch
 import torch.fx as fx
@@ -30,6 +30,8 @@ import torch.fx as fx
 from ..errors import SpecializationRefused
 from .. import step as meta
 from ..step import Role
+from .base import CALL_SUMMARY
+from .step_share import SHARED, share_calls
 from .trace_symbolic import SymbolicStep, SymTensor
 
 _ASSERTS = {getattr(torch.ops.aten, n).default for n in ("_assert_scalar", "sym_constrain_range",
@@ -79,7 +81,8 @@ def _value(expr, binding: Mapping, what: str):
 
 
 def specialize(sym: SymbolicStep, dims: Mapping[str, int], tensors: Mapping[str, torch.Tensor],
-               buffers: Mapping[str, torch.Tensor], recompile: bool = True) -> fx.GraphModule:
+               buffers: Mapping[str, torch.Tensor], recompile: bool = True,
+               share: "Callable[[fx.Node], bool] | None" = None) -> fx.GraphModule:
     """The concrete graph of ``sym`` at ``dims``.
 
     ``tensors``: placeholder name (``in_*``, ``state_*``) -> a tensor of the shape and
@@ -87,14 +90,27 @@ def specialize(sym: SymbolicStep, dims: Mapping[str, int], tensors: Mapping[str,
     ``buffers``: region -> the tensor its buffers are bound to (an arena view).
     ``recompile=False`` leaves the module's code stale for a caller whose passes
     regenerate it (``PassManager`` does, once, after the last pass).
+    ``share``: the adapter's ``repeated_calls()``: the alike calls it marks are one
+    submodule (``step_share``, outlined once per symbolic step), specialized once and
+    called at each place; inlining it gives the unrolled result op for op.
     """
     named = dict(tensors)
     named.update({f"buf_{r}": t for r, t in buffers.items()})
     binding = check_binding(sym, dims, named)
 
-    gm = _bound_copy(sym, binding, dims, buffers)
+    src = sym.gm if share is None else shared_form(sym, share)
+    gm = _bound_copy(sym, binding, dims, buffers, src)
     _record_values(gm, binding, sym)
     _drop_whole_slices(gm)
+    if hasattr(src, SHARED):
+        sub = _bound_copy(sym, binding, dims, {}, src.get_submodule(SHARED), inner=True)
+        _record_values(sub, binding, sym)
+        _drop_whole_slices(sub)
+        sub.meta[CALL_SUMMARY] = src.get_submodule(SHARED).meta[CALL_SUMMARY]
+        sub.graph.lint()
+        if not hasattr(fx.GraphModule, "_recompile_submodules"):  # older torch: the parent's recompile will not
+            sub.recompile()
+        gm.add_submodule(SHARED, sub)
     sig = meta.signature(sym.gm)
     gm.meta[meta.SIGNATURE] = sig
     gm.meta[meta.DEVICE] = meta.traced_device(sym.gm)
@@ -109,13 +125,30 @@ class _Dim:
     """A dims marker's place in the walk: a node still reading it is refused."""
 
 
+def shared_form(sym: SymbolicStep, inside: "Callable[[fx.Node], bool]") -> fx.GraphModule:
+    """``sym``'s graph with its alike repeated calls outlined (``step_share``), made once
+    per symbolic step and kept with it (``sym.gm`` itself is never changed)."""
+    key = ("shared form", inside.__code__ if hasattr(inside, "__code__") else inside)
+    hit = sym.static_values.get(key)
+    if hit is None:
+        graph = fx.Graph()
+        graph.output(graph.graph_copy(sym.gm.graph, {}))
+        hit, record = share_calls(module_without_code(sym.gm, graph), inside)
+        sym.static_values[key] = hit = hit if record.shared else sym.gm  # nothing alike: no second copy
+    return hit
+
+
 def _bound_copy(sym: SymbolicStep, binding: Mapping, dims: Mapping[str, int],
-                buffers: Mapping[str, torch.Tensor]) -> fx.GraphModule:
-    """Steps 2 and 3 in one walk over the symbolic graph: each int/bool node is its value
-    (no node), runtime asserts are checked and dropped, the ``dim_*`` markers go, each
-    ``buf_<region>`` placeholder is a ``get_attr`` (after the placeholders), and every
-    other node is copied with those values in its arguments."""
-    src = sym.gm.graph
+                buffers: Mapping[str, torch.Tensor], root: "fx.GraphModule | None" = None,
+                inner: bool = False) -> fx.GraphModule:
+    """Steps 2 and 3 in one walk over the symbolic graph (``root``: ``sym.gm`` or its
+    shared form): each int/bool node is its value (no node), runtime asserts are checked
+    and dropped, the ``dim_*`` markers go, each ``buf_<region>`` placeholder is a
+    ``get_attr`` (after the placeholders), and every other node is copied with those
+    values in its arguments.  ``inner``: ``root`` is a shared step, whose placeholders
+    all stay (a call passes every argument), an int one unused: its value is bound in."""
+    root = sym.gm if root is None else root
+    src = root.graph
     graph = fx.Graph()
     env: dict = {}
     marker = _Dim()
@@ -129,6 +162,12 @@ def _bound_copy(sym: SymbolicStep, binding: Mapping, dims: Mapping[str, int],
         return v
 
     for node in src.nodes:
+        if inner and node.op == "placeholder":
+            copy = graph.node_copy(node)
+            value = node.meta.get(meta.SYM)
+            env[node] = (_value(value, binding, node.name)
+                         if value is not None and not isinstance(value, (SymTensor, list, tuple)) else copy)
+            continue
         if node.op == "placeholder":
             role = meta.role(node)
             if role is Role.DIM:
@@ -157,7 +196,7 @@ def _bound_copy(sym: SymbolicStep, binding: Mapping, dims: Mapping[str, int],
                 raise SpecializationRefused(f"runtime assert {args[1:] or node.name} fails at {dict(dims)}")
             continue
         env[node] = graph.node_copy(node, arg)
-    return module_without_code(sym.gm, graph, attrs)
+    return module_without_code(root, graph, attrs)
 
 
 def module_without_code(root: torch.nn.Module, graph: fx.Graph,

@@ -103,7 +103,7 @@ def _describe(inputs: dict, flags: dict) -> str:
 
 def specialized_entry(adapter, plan_at: Callable[[dict], Plan], plan: Plan, entry: CatalogEntry, by_region: dict,
                       programs: ProgramStore, setup: dict, say, example_inputs: dict | None = None,
-                      flags: dict | None = None) -> "fx.GraphModule | None":
+                      flags: dict | None = None, share=None) -> "fx.GraphModule | None":
     """The entry's graph specialized from one of the model's symbolic steps (traced here
     if none serves and a variant is left); ``None`` (with ``setup["reason"]``) where none
     can: the caller traces concretely.  ``setup`` gets ``how``, ``trace_s``,
@@ -112,7 +112,8 @@ def specialized_entry(adapter, plan_at: Callable[[dict], Plan], plan: Plan, entr
 
     ``example_inputs``/``flags``: an off-catalog chunk at this entry's state (another
     input shape, a flush): its own symbolic steps, keyed by those shapes (the axes
-    ``adapter.symbolic_inputs()`` names symbolic, so one trace serves every length) and flags."""
+    ``adapter.symbolic_inputs()`` names symbolic, so one trace serves every length) and flags.
+    ``share``: ``specialize``'s (the adapter's ``repeated_calls()``, or None: unrolled)."""
     sig = adapter.signature
     device = torch.device(adapter.device)
     symbolic = tuple(adapter.symbolic_dims())
@@ -166,7 +167,7 @@ def specialized_entry(adapter, plan_at: Callable[[dict], Plan], plan: Plan, entr
                     programs.put(key, sym, adapter)  # and on disk, with the model's disk cache
         t0 = time.perf_counter()
         try:
-            gm = specialize(sym, at, tensors, by_region, recompile=False)
+            gm = specialize(sym, at, tensors, by_region, recompile=False, share=share)
         except SpecializationRefused as e:
             refusals.append(f"variant {variant}: {e}")
             if fresh:

@@ -119,6 +119,10 @@ class Token2WavAdapter(StreamingAdapter):
         """Per-step graphs (rules R/SR): one per DiT estimator call, one per stretch between."""
         return lambda node: "estimator" in scopes(node)
 
+    def repeated_calls(self):
+        """Each flow step's estimator call (steps 1..n-1 record the same ops)."""
+        return lambda node: "estimator" in scopes(node)
+
     def callable_verdicts(self) -> tuple:
         return (
             ScopeVerdict("stream", "callable", "in", "one chunk of 25+3 tokens: traced per catalog entry"),
