@@ -132,8 +132,9 @@ def rewrite_pipeline(bindings: list[RegionBinding], rules: "str | Rules" = "S", 
 
 def shared_calls(adapter: StreamingAdapter, rules: Rules):
     """The calls ``specialize`` keeps as one shared step (``adapter.repeated_calls()``), or
-    None: rule S only, for now (partition and capture take the unrolled graph)."""
-    return None if rules.replays else adapter.repeated_calls()
+    None.  Every rule: partition puts a call in a region like an op, and a capture
+    records its kernels where the call stands."""
+    return adapter.repeated_calls()
 
 
 def buffer_bindings(declaration: Declaration, arena: Arena) -> dict[str, torch.Tensor]:

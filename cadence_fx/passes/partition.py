@@ -27,7 +27,7 @@ import torch.fx as fx
 
 from .. import step as meta
 from ..errors import PassError
-from .base import CadencePass, PassResult, by_op
+from .base import CadencePass, PassResult, by_op, call_summary
 
 aten = torch.ops.aten
 
@@ -91,6 +91,8 @@ def capturability(node: fx.Node, device_type: str | None = "cuda") -> NodeVerdic
     """
     if node.op in ("placeholder", "output", "get_attr"):
         return NodeVerdict(node.name, True, node.op)
+    if node.op == "call_module":
+        return _call_verdict(node, device_type)
     capturable, reason = _op_verdict(node.target)
     if capturable is not None:
         return NodeVerdict(node.name, capturable, reason)
@@ -110,6 +112,26 @@ def capturability(node: fx.Node, device_type: str | None = "cuda") -> NodeVerdic
                 and (v.dim() > 0 or a.op != "get_attr")):
             return NodeVerdict(node.name, False, f"reads a {v.device.type} tensor: {t}")
     return NodeVerdict(node.name, True, "device op")
+
+
+def _call_verdict(node: fx.Node, device_type: str | None) -> NodeVerdict:
+    """A shared step's call (``step_share``) may be captured when every op in it may, and
+    it reads no per-call host tensor; any other module call may not."""
+    if call_summary(node) is None:
+        return NodeVerdict(node.name, False, f"a module call: {node.target}")
+    sub = node.graph.owning_module.get_submodule(node.target)
+    memo = sub.meta.setdefault("cadence_capturability", {})
+    if device_type not in memo:
+        bad = [v for v in (capturability(n, device_type) for n in sub.graph.nodes) if not v.capturable]
+        memo[device_type] = f"in {node.target}: {bad[0].node} ({bad[0].reason})" if bad else None
+    if memo[device_type] is not None:
+        return NodeVerdict(node.name, False, memo[device_type])
+    for a in node.all_input_nodes:
+        v = a.meta.get("val")
+        if (device_type is not None and isinstance(v, torch.Tensor) and v.device.type != device_type
+                and (v.dim() > 0 or a.op != "get_attr")):
+            return NodeVerdict(node.name, False, f"reads a {v.device.type} tensor: {node.target}")
+    return NodeVerdict(node.name, True, "a shared step's call (every op in it capturable)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,7 +190,7 @@ class Partition(CadencePass):
         split = split_in_order(gm, part)
         calls: dict[int, list[fx.Node]] = {}  # each piece's ops, grouped once
         for n, p in part.items():
-            if n.op == "call_function":
+            if n.op in ("call_function", "call_module"):
                 calls.setdefault(p, []).append(n)
         regions = []
         for name, mod in split.named_children():
@@ -265,7 +287,7 @@ def split_in_order(gm: fx.GraphModule, part: dict[fx.Node, int]) -> fx.GraphModu
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "output", "get_attr"):
             continue
-        if node.op != "call_function":
+        if node.op != "call_function" and call_summary(node) is None:
             raise PassError(f"partition: cannot split a {node.op} node ({node.name})")
         pieces.setdefault(part[node], []).append(node)
     spans = _state_spans(gm, part)
@@ -319,6 +341,8 @@ def split_in_order(gm: fx.GraphModule, part: dict[fx.Node, int]) -> fx.GraphModu
         for n in pieces[idx]:
             for a in n.all_input_nodes:
                 arg(a)
+            if n.op == "call_module" and not hasattr(module, n.target):  # a shared step: the piece calls it too
+                module.add_module(n.target, gm.get_submodule(n.target))
             local[n] = graph.node_copy(n, lambda a: local[a])
         for setter, (first, last, exit_node) in reversed(spans.items()):
             if exit_node is not None and first <= idx < last:

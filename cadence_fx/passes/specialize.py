@@ -106,10 +106,9 @@ def specialize(sym: SymbolicStep, dims: Mapping[str, int], tensors: Mapping[str,
         sub = _bound_copy(sym, binding, dims, {}, src.get_submodule(SHARED), inner=True)
         _record_values(sub, binding, sym)
         _drop_whole_slices(sub)
-        sub.meta[CALL_SUMMARY] = src.get_submodule(SHARED).meta[CALL_SUMMARY]
         sub.graph.lint()
-        if not hasattr(fx.GraphModule, "_recompile_submodules"):  # older torch: the parent's recompile will not
-            sub.recompile()
+        sub = _lazy_module(sub)  # its code generated at its first call (a capture runs it; rule S: the first chunk)
+        sub.meta[CALL_SUMMARY] = src.get_submodule(SHARED).meta[CALL_SUMMARY]
         gm.add_submodule(SHARED, sub)
     sig = meta.signature(sym.gm)
     gm.meta[meta.SIGNATURE] = sig
@@ -123,6 +122,15 @@ def specialize(sym: SymbolicStep, dims: Mapping[str, int], tensors: Mapping[str,
 
 class _Dim:
     """A dims marker's place in the walk: a node still reading it is refused."""
+
+
+def _lazy_module(gm: fx.GraphModule) -> fx.GraphModule:
+    """``gm`` as torch's lazy GraphModule (code on first call; a plain one on older torch)."""
+    try:
+        from torch.fx._lazy_graph_module import _LazyGraphModule as cls
+    except ImportError:  # pragma: no cover - older torch
+        cls = fx.GraphModule
+    return cls(gm, gm.graph)
 
 
 def shared_form(sym: SymbolicStep, inside: "Callable[[fx.Node], bool]") -> fx.GraphModule:

@@ -5,16 +5,21 @@ trace unrolls every call: on a released speech decoder at 5 steps the estimator 
 75% of an entry's nodes, at 10 steps 85% (``docs/architecture.md``, "What a new prompt
 length still costs").  Specializing, rewriting and capturing a new prompt length all
 pay per node, so they would pay ``n_timesteps - 1`` times less for the later steps if
-the graph held one copy of the step and called it.  This pass is that graph's first
-half: it finds the calls and proves which of them are copies of one another.
+the graph held one copy of the step and called it.  This pass makes that graph: it
+finds the calls, proves which of them are copies of one another, and outlines them.
 
-Given a predicate ``inside(node)`` (the adapter's ``step_boundary``: "traced inside the
-estimator"), a *call* is a maximal run of consecutive nodes inside.  Each call gets a
-key: per node its op, target, role tag and arguments, where an argument is a node of
-the same call (by position), a constant (``get_attr``, by attribute name: the same
-tensor) or an input from outside the call (by first-use order), each input's layout
-(sizes, strides, dtype and device: a symbolic step's ``SymTensor``, else its fake
-value) included, but not its storage offset: each step reads its own slot of the DiT
+Given a predicate ``inside(node)`` (the adapter's ``repeated_calls()``: "traced inside
+the estimator"), a *call* is a maximal run of consecutive nodes inside.  First each
+call's input-independent ops (``fold_host_constants``' rule: pure, nothing below them
+is a placeholder, a parameter or a region buffer, nothing writes them; a step's time
+embedding, computed from its own time) move ahead of it, out of it
+(``hoist_constants``): they fold per call site as they fold per step in the unrolled
+graph, and what the call keeps can be captured.  Then each call gets a key: per node
+its op, target, role tag and arguments, where an argument is a node of the same call
+(by position), a constant (``get_attr``, by attribute name: the same tensor) or an
+input from outside the call (by first-use order), each input's layout (sizes,
+strides, dtype and device: a symbolic step's ``SymTensor``, else its fake value)
+included, but not its storage offset: each step reads its own slot of the DiT
 caches, a view at another offset, and no op's meaning depends on where its input
 starts (an op that reads an offset, ``as_strided``, has it as an argument).  Calls
 with one key record the same ops on inputs of the same layout: the graph computes each
@@ -26,21 +31,24 @@ makes explicit:
   constants as the submodule's own attributes, the same tensors; it returns every value
   any call's outside uses; its nodes keep the template's value metadata, offsets of
   views included: a later stage that binds the step per call site reads each site's
-  own inputs);
+  own inputs), with a ``base.CallSummary`` of what a call does to its arguments (the
+  analyses read a call through it);
 - every call of the group becomes ``call_module shared_step`` on that call's inputs at
   the call's place, and a ``getitem`` per value used after it (with the call's own
   value metadata);
-- the other calls (on a flow decoder, typically the first step: it also builds tables the later
-  steps read) are left as they were, and said so in the record.
+- the other calls (on a flow decoder, typically the first step: it also builds tables
+  the later steps read) are left as they were, and said so in the record.
 
 ``inline_calls`` is the inverse: it copies the submodule's ops back in place of each
-call, so the graph a trace recorded comes back op for op (checked on the released model
-in ``tests/passes/test_step_share.py``).  The order of every op, and so every write and
-every random draw, is the unrolled graph's: a call runs its ops where the run stood.
+call, so the graph comes back op for op (up to the moved constant ops; checked on the
+released model in ``tests/integrations/test_token2wav.py``'s ten-step test).  The
+order of every op that reads an input, and so every write and every random draw, is
+the unrolled graph's: a call runs its ops where the run stood.
 
-Nothing runs the outlined graph yet: specialize, the rewrite passes and partition still
-take the unrolled one (the plan, in commits, is architecture.md's "One flow step, not
-ten"; this pass is its step (a)).
+``specialize(share=...)`` outlines a symbolic step once and binds the outer graph and
+the shared step once each per new length; the rewrite passes, partition (a call is
+capturable when every op in it is) and capture (which records the call's kernels
+where it stands) take that graph.
 """
 
 from __future__ import annotations
@@ -54,7 +62,7 @@ import torch.fx as fx
 
 from .. import step as meta
 from ..errors import PassError
-from .base import CALL_SUMMARY, CallSummary, has_side_effect, view_roots, written_args
+from .base import CALL_SUMMARY, CallSummary, has_side_effect, view_root, view_roots, written_args
 
 SHARED = "shared_step"
 
@@ -67,12 +75,14 @@ class ShareRecord:
     inputs: int  # the step's inputs from outside (per call)
     outputs: int  # values a call returns
     left: tuple[str, ...]  # per call not shared: why
+    hoisted: int = 0  # input-independent ops moved out of the calls (they fold per call site)
 
     def __str__(self) -> str:
         if not self.shared:
             return f"{self.calls} calls, none shared ({'; '.join(self.left) or 'no two alike'})"
         return (f"{self.calls} calls, {len(self.shared)} share one step of {self.nodes_each} ops "
                 f"({self.inputs} inputs, {self.outputs} outputs); calls {list(self.shared)}"
+                + (f"; {self.hoisted} constant ops moved out" if self.hoisted else "")
                 + (f"; left: {'; '.join(self.left)}" if self.left else ""))
 
 
@@ -148,6 +158,7 @@ def share_calls(gm: fx.GraphModule, inside: Callable[[fx.Node], bool],
     if hasattr(gm, name):
         raise PassError(f"step_share: {type(gm).__name__} already has an attribute {name!r}")
     calls = find_calls(gm.graph, inside)
+    hoisted = hoist_constants(gm, calls)
     keyed = [call_key(c) for c in calls]
     groups: dict[tuple, list[int]] = {}
     for i, (key, _) in enumerate(keyed):
@@ -156,7 +167,7 @@ def share_calls(gm: fx.GraphModule, inside: Callable[[fx.Node], bool],
     left = tuple(f"call {i} ({len(calls[i])} ops) differs from the shared step"
                  for i in range(len(calls)) if i not in best)
     if not best:
-        return gm, ShareRecord(len(calls), (), 0, 0, 0, left)
+        return gm, ShareRecord(len(calls), (), 0, 0, 0, left, hoisted)
     template, t_inputs = calls[best[0]], keyed[best[0]][1]
     members = [set(calls[i]) for i in best]
     # positions (in the call) of values used after it, at any call of the group
@@ -194,7 +205,36 @@ def share_calls(gm: fx.GraphModule, inside: Callable[[fx.Node], bool],
                 gm.graph.erase_node(a)
     gm.graph.lint()
     return gm, ShareRecord(len(calls), tuple(best), sum(n.op != "get_attr" for n in template),
-                           len(t_inputs), len(used), left)
+                           len(t_inputs), len(used), left, hoisted)
+
+
+def hoist_constants(gm: fx.GraphModule, calls: list[list[fx.Node]]) -> int:
+    """Move each call's input-independent ops (``fold_host_constants``' rule: pure, no
+    placeholder, parameter or region buffer below them, nothing writing them) to just
+    before the call, in order, and out of it: a step's time embedding, computed from
+    its own time, then folds into a constant per call site as it folds per step in the
+    unrolled graph, and what is left of the step reads it (and can be captured)."""
+    from .fold_host_constants import _is_param_or_region
+    mutated = {view_root(w) for n in gm.graph.nodes for w in written_args(n)}
+    constant: set[fx.Node] = set()
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            if not _is_param_or_region(gm, node) and node not in mutated:
+                constant.add(node)
+        elif (node.op == "call_function" and all(a in constant for a in node.all_input_nodes)
+              and not has_side_effect(node) and view_root(node) not in mutated):
+            constant.add(node)
+    moved = 0
+    for call in calls:
+        keep = [n for n in call if n not in constant or n.op == "get_attr"]
+        if not keep:
+            continue
+        for n in call:
+            if n in constant and n.op != "get_attr":
+                keep[0].prepend(n)
+                moved += 1
+        call[:] = keep
+    return moved
 
 
 def _submodule(gm: fx.GraphModule, template: list[fx.Node], inputs: list[fx.Node],

@@ -42,17 +42,24 @@ def structure(gm: fx.GraphModule) -> list:
 def assert_later_steps_share_one(sym, n_timesteps: int) -> None:
     """A symbolic step of a flow decoder at ``n_timesteps``: on a copy of its graph,
     ``passes.step_share`` makes steps 1..n-1 calls of one submodule (the first step
-    differs), and inlining them gives back the traced graph op for op."""
+    differs), and inlining them gives back the traced graph op for op, up to the
+    input-independent ops it moves ahead of their call (``hoist_constants``)."""
+    import collections
     from cadence_fx.passes.specialize import module_without_code
-    from cadence_fx.passes.step_share import SHARED, inline_calls, share_calls
+    from cadence_fx.passes.step_share import SHARED, find_calls, hoist_constants, inline_calls, share_calls
 
     def copied():
         graph = fx.Graph()
         graph.output(graph.graph_copy(sym.gm.graph, {}))
         return module_without_code(sym.gm, graph)
 
-    traced = structure(sym.gm)
-    gm, record = share_calls(copied(), lambda n: "estimator" in meta.scopes(n))
+    inside = lambda n: "estimator" in meta.scopes(n)  # noqa: E731
+    ops = lambda g: collections.Counter((n.op, str(n.target)) for n in g.graph.nodes if n.op != "get_attr")  # noqa: E731
+    hoisted = copied()
+    hoist_constants(hoisted, find_calls(hoisted.graph, inside))
+    assert ops(hoisted) == ops(sym.gm)  # the same ops, input-independent ones moved ahead of their call
+    traced = structure(hoisted)
+    gm, record = share_calls(copied(), inside)
     assert record.calls == n_timesteps and record.shared == tuple(range(1, n_timesteps)), str(record)
     calls = [n for n in gm.graph.nodes if n.op == "call_module"]
     assert [n.target for n in calls] == [SHARED] * (n_timesteps - 1)

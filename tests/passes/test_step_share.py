@@ -14,7 +14,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from cadence_fx import step as meta
 from cadence_fx.errors import PassError
-from cadence_fx.passes.step_share import SHARED, call_key, find_calls, inline_calls, share_calls
+from cadence_fx.passes.step_share import SHARED, call_key, find_calls, hoist_constants, inline_calls, share_calls
 
 from helpers.graph_structure import structure
 
@@ -25,7 +25,7 @@ class Est(torch.nn.Module):
         self.lin = torch.nn.Linear(4, 4)
 
     def forward(self, x, t, cache, first, act=torch.tanh):
-        h = self.lin(x) * t
+        h = self.lin(x) * t + torch.arange(4.0) * t  # the second term needs no input: it moves out
         if first:
             h = h + cache.sum()  # the first call does more (as Token2Wav's first step does)
         cache.copy_(cache * 0.5 + h.mean())
@@ -66,28 +66,32 @@ class TestStepShare(TestCase):
     def test_the_later_steps_call_one_step_and_compute_the_same(self):
         flow, gm = traced()
         unrolled = copy.deepcopy(gm)
-        assert [len(c) for c in find_calls(gm.graph, inside)] == [10, 8, 8]
+        assert [len(c) for c in find_calls(gm.graph, inside)] == [13, 11, 11]
         gm, record = share_calls(gm, inside)
         gm.recompile()
-        self.assertEqual(str(record), "3 calls, 2 share one step of 8 ops (3 inputs, 1 outputs); calls [1, 2]; "
-                                      "left: call 0 (10 ops) differs from the shared step")
+        assert record.hoisted == 3 * 2  # arange and its product, of every call
+        assert "arange" not in gm.get_submodule(SHARED).code
+        self.assertEqual(str(record), "3 calls, 2 share one step of 9 ops (4 inputs, 1 outputs); calls [1, 2]; "
+                                      "6 constant ops moved out; left: call 0 (11 ops) differs from the shared step")
         self.assertExpectedInline(gm.get_submodule(SHARED).code.strip(), """\
-def forward(self, in0_add_2, in1_full_1, in2_select_1):
+def forward(self, in0_add_3, in1_full_1, in2_mul_4, in3_select_1):
     _param_constant0 = self._param_constant0
     _param_constant1 = self._param_constant1
-    linear_1 = torch.ops.aten.linear.default(in0_add_2, _param_constant0, _param_constant1);  _param_constant0 = _param_constant1 = None
-    mul_2 = torch.ops.aten.mul.Tensor(linear_1, in1_full_1);  linear_1 = in1_full_1 = None
-    mul_3 = torch.ops.aten.mul.Tensor(in2_select_1, 0.5)
-    mean_1 = torch.ops.aten.mean.default(mul_2)
-    add_3 = torch.ops.aten.add.Tensor(mul_3, mean_1);  mul_3 = mean_1 = None
-    copy__1 = torch.ops.aten.copy_.default(in2_select_1, add_3);  in2_select_1 = add_3 = copy__1 = None
-    tanh_1 = torch.ops.aten.tanh.default(mul_2);  mul_2 = None
-    add_4 = torch.ops.aten.add.Tensor(in0_add_2, tanh_1);  in0_add_2 = tanh_1 = None
-    return (add_4,)""")
+    linear_1 = torch.ops.aten.linear.default(in0_add_3, _param_constant0, _param_constant1);  _param_constant0 = _param_constant1 = None
+    mul_3 = torch.ops.aten.mul.Tensor(linear_1, in1_full_1);  linear_1 = in1_full_1 = None
+    add_4 = torch.ops.aten.add.Tensor(mul_3, in2_mul_4);  mul_3 = in2_mul_4 = None
+    mul_5 = torch.ops.aten.mul.Tensor(in3_select_1, 0.5)
+    mean_1 = torch.ops.aten.mean.default(add_4)
+    add_5 = torch.ops.aten.add.Tensor(mul_5, mean_1);  mul_5 = mean_1 = None
+    copy__1 = torch.ops.aten.copy_.default(in3_select_1, add_5);  in3_select_1 = add_5 = copy__1 = None
+    tanh_1 = torch.ops.aten.tanh.default(add_4);  add_4 = None
+    add_6 = torch.ops.aten.add.Tensor(in0_add_3, tanh_1);  in0_add_3 = tanh_1 = None
+    return (add_6,)""")
         calls = [n for n in gm.graph.nodes if n.op == "call_module"]
-        assert calls[0].args[0].name == "add_2"  # each step's x: the first step's result,
+        assert calls[0].args[0].name == "add_3"  # each step's x: the first step's result,
         assert calls[1].args[0].args == (calls[0], 0)  # then the previous call's
-        assert [n.args[2].name for n in calls] == ["select_1", "select_2"]  # each step's cache slot
+        assert [n.args[2].name for n in calls] == ["mul_4", "mul_7"]  # each step's arange * t, moved out
+        assert [n.args[3].name for n in calls] == ["select_1", "select_2"]  # each step's cache slot
         # the same values and the same writes, in place, as the unrolled graph
         x, caches = torch.randn(2, 4), torch.randn(3, 4)
         c1, c2 = caches.clone(), caches.clone()
@@ -95,11 +99,12 @@ def forward(self, in0_add_2, in1_full_1, in2_select_1):
 
     def test_inlining_gives_back_the_unrolled_graph_op_for_op(self):
         _, gm = traced()
-        unrolled = structure(gm)
+        hoisted = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))  # the same parameters
+        hoist_constants(hoisted, find_calls(hoisted.graph, inside))  # what share_calls moves first
         share_calls(gm, inside)
         inline_calls(gm)
         assert not hasattr(gm, SHARED)
-        assert structure(gm) == unrolled
+        assert structure(gm) == structure(hoisted)
 
     def test_calls_on_inputs_of_another_layout_are_not_alike(self):
         _, gm = traced()
@@ -115,7 +120,7 @@ def forward(self, in0_add_2, in1_full_1, in2_select_1):
         _, gm = traced(acts=(torch.tanh, torch.tanh, torch.sigmoid), first=False)
         gm, record = share_calls(gm, inside)
         assert record.shared == (0, 1), str(record)
-        assert record.left == ("call 2 (8 ops) differs from the shared step",)
+        assert record.left == ("call 2 (9 ops) differs from the shared step",)
         gm.recompile()
         assert "sigmoid" not in gm.get_submodule(SHARED).code and "sigmoid" in gm.code
 
@@ -134,10 +139,10 @@ def test_the_analyses_see_a_call_as_the_ops_it_runs():
     _, gm = traced()
     share_calls(gm, inside)
     sub = gm.get_submodule(SHARED)
-    assert sub.meta[CALL_SUMMARY] == CallSummary(written=(2,), aliases=(None,), effects=True)
+    assert sub.meta[CALL_SUMMARY] == CallSummary(written=(3,), aliases=(None,), effects=True)
     calls = [n for n in gm.graph.nodes if n.op == "call_module"]
     for call in calls:
-        assert written_args(call) == [call.args[2]] and has_side_effect(call)
+        assert written_args(call) == [call.args[3]] and has_side_effect(call)
         (item,) = call.users
         assert view_root(item) is item  # fresh memory: its own root
     # a step that only reads, and returns a view of its input: no effect, that item is the input's memory
@@ -184,3 +189,24 @@ def test_the_region_walk_follows_a_call_into_its_ops():
     gm.recompile()
     assert log(gm, False) == unrolled
     assert log(gm, True) == unrolled
+
+
+@pytest.mark.parametrize("granularity", ["chunk", "step"])
+def test_partition_puts_a_call_in_a_region_and_the_pieces_compute_the_same(granularity):
+    """A call is capturable when every op in it is: in one chunk-sized region, or (per
+    step) a region of its own; the split graph computes and writes what the unrolled does."""
+    from cadence_fx.passes.base import PassManager
+    from cadence_fx.passes.partition import Partition
+    _, gm = traced()
+    unrolled = copy.deepcopy(gm)
+    share_calls(gm, inside)
+    boundary = (lambda n: "estimator" in meta.scopes(n)) if granularity == "step" else None
+    split, [result] = PassManager([Partition("cpu", granularity, boundary)])(gm)
+    assert all(capturable for _, capturable, _ in result.record.regions), str(result.record)
+    pieces = [m for _, m in split.named_children()]
+    holding = [p for p in pieces if hasattr(p, SHARED)]
+    assert len(holding) == (1 if granularity == "chunk" else 2)  # each call site's piece calls the one step
+    assert all(p.get_submodule(SHARED) is holding[0].get_submodule(SHARED) for p in holding)
+    x, caches = torch.randn(2, 4), torch.randn(3, 4)
+    c1, c2 = caches.clone(), caches.clone()
+    assert torch.equal(run(split, x, c1), run(unrolled, x, c2)) and torch.equal(c1, c2)
