@@ -116,8 +116,8 @@ class StreamingAdapter:
     def repeated_calls(self):
         """``inside(node) -> bool`` marking the nodes of a call the step makes several
         times with the same ops (a flow decoder's estimator, once per flow step), or
-        None.  Rule S specializes and rewrites one copy of such a call and calls it
-        (``passes.step_share``); the unrolled graph computes the same, op for op."""
+        None.  Every rule specializes, rewrites and captures one copy of such a call and
+        calls it (``passes.step_share``); the unrolled graph computes the same, op for op."""
         return None
 
     def callable_verdicts(self) -> tuple:

@@ -1,4 +1,4 @@
-"""Rule S specializes the later flow steps once and calls that step (passes/step_share):
+"""The later flow steps are specialized once and called (passes/step_share), rule S here:
 the released Token2Wav at 3 flow steps (the fewest with two alike steps; the suite's
 shared model has 2), every chunk of a real turn against stock: two voices (the second
 specialized from the first's symbolic programs), warm-up, growth, steady state and a
