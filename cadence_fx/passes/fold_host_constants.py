@@ -37,27 +37,42 @@ def _storage(gm: fx.GraphModule, node: fx.Node) -> int | None:
     return value.untyped_storage().data_ptr() if isinstance(value, torch.Tensor) else None
 
 
+def input_independent(gm: fx.GraphModule) -> list[fx.Node]:
+    """The nodes whose value is the same on every call, in graph order: constants that
+    are no parameter or region-bound buffer and whose memory nothing writes (through any
+    ``get_attr`` of it), and the pure ops that read only those (and nothing writes into
+    them or a view of them later).  What ``FoldHostConstants`` evaluates, and what
+    ``step_share.hoist_constants`` may move ahead of a call."""
+    mutated_roots = {view_root(w) for n in gm.graph.nodes for w in written_args(n)}
+    written_storage = {_storage(gm, r) for r in mutated_roots if r.op == "get_attr"} - {None}
+    out: dict[fx.Node, None] = {}
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            if not _is_param_or_region(gm, node) and _storage(gm, node) not in written_storage:
+                out[node] = None
+            continue
+        if node.op != "call_function":
+            continue
+        # the cheap test first: most nodes read a placeholder or a parameter
+        if any(i not in out for i in node.all_input_nodes):
+            continue
+        if has_side_effect(node) or view_root(node) in mutated_roots:
+            continue
+        out[node] = None
+    return list(out)
+
+
 class FoldHostConstants(CadencePass):
     """requires: nothing (any traced step).  ensures: no host transfer of a constant is left."""
 
     name = "fold_host_constants"
 
     def call(self, gm: fx.GraphModule) -> PassResult:
-        mutated_roots = {view_root(w) for n in gm.graph.nodes for w in written_args(n)}
-        written_storage = {_storage(gm, r) for r in mutated_roots if r.op == "get_attr"} - {None}
         foldable: dict[fx.Node, object] = {}
         env: dict[fx.Node, object] = {}
-        for node in gm.graph.nodes:
+        for node in input_independent(gm):
             if node.op == "get_attr":
-                if not _is_param_or_region(gm, node) and _storage(gm, node) not in written_storage:
-                    env[node] = getattr(gm, node.target)
-                continue
-            if node.op != "call_function":
-                continue
-            # the cheap test first: most nodes read a placeholder or a parameter
-            if any(i not in env for i in node.all_input_nodes):
-                continue
-            if has_side_effect(node) or view_root(node) in mutated_roots:
+                env[node] = getattr(gm, node.target)
                 continue
             args = fx.node.map_arg(node.args, lambda n: env[n])
             kwargs = fx.node.map_arg(node.kwargs, lambda n: env[n])

@@ -62,7 +62,8 @@ import torch.fx as fx
 
 from .. import step as meta
 from ..errors import PassError
-from .base import CALL_SUMMARY, CallSummary, has_side_effect, view_root, view_roots, written_args
+from .base import CALL_SUMMARY, CallSummary, has_side_effect, view_roots, written_args
+from .fold_host_constants import input_independent
 
 SHARED = "shared_step"
 
@@ -214,25 +215,16 @@ def hoist_constants(gm: fx.GraphModule, calls: list[list[fx.Node]]) -> int:
     before the call, in order, and out of it: a step's time embedding, computed from
     its own time, then folds into a constant per call site as it folds per step in the
     unrolled graph, and what is left of the step reads it (and can be captured)."""
-    from .fold_host_constants import _is_param_or_region
-    mutated = {view_root(w) for n in gm.graph.nodes for w in written_args(n)}
-    constant: set[fx.Node] = set()
-    for node in gm.graph.nodes:
-        if node.op == "get_attr":
-            if not _is_param_or_region(gm, node) and node not in mutated:
-                constant.add(node)
-        elif (node.op == "call_function" and all(a in constant for a in node.all_input_nodes)
-              and not has_side_effect(node) and view_root(node) not in mutated):
-            constant.add(node)
+    constant = set(input_independent(gm))
     moved = 0
     for call in calls:
-        keep = [n for n in call if n not in constant or n.op == "get_attr"]
+        keep = [n for n in call if n not in constant]
         if not keep:
             continue
         for n in call:
-            if n in constant and n.op != "get_attr":
+            if n in constant:  # a constant read inside the call moves with the ops that read it
                 keep[0].prepend(n)
-                moved += 1
+                moved += n.op != "get_attr"
         call[:] = keep
     return moved
 

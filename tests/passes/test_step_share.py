@@ -210,3 +210,32 @@ def test_partition_puts_a_call_in_a_region_and_the_pieces_compute_the_same(granu
     x, caches = torch.randn(2, 4), torch.randn(3, 4)
     c1, c2 = caches.clone(), caches.clone()
     assert torch.equal(run(split, x, c1), run(unrolled, x, c2)) and torch.equal(c1, c2)
+
+
+def test_a_constant_the_step_writes_is_not_moved_ahead_of_the_write():
+    """A module tensor the step updates in place and reads through another attribute
+    over the same memory (two ``get_attr`` nodes, one storage) is not input-independent:
+    its read stays after the write, and the shared graph computes what the unrolled does."""
+    class Counting(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.seen = torch.zeros(4)
+            self.seen_view = self.seen[:]  # the same memory under another name
+            self.table = torch.arange(4.0)  # never written: its product moves out, read and all
+
+        def forward(self, x):
+            for _ in range(3):
+                x = x * 1.5  # between the calls
+                with meta.scope("estimator"):
+                    self.seen.add_(1.0)
+                    x = x + self.seen_view * 2.0 + self.table * 3.0
+            return x
+
+    with torch.no_grad():
+        gm = make_fx(Counting(), pre_dispatch=True)(torch.zeros(2, 4))
+    unrolled = copy.deepcopy(gm)  # its own copy of the (one) counter
+    gm, record = share_calls(gm, inside)
+    gm.recompile()
+    assert record.hoisted == 3 and record.shared == (1, 2), str(record)  # table * 3, of every call
+    x = torch.randn(2, 4)
+    assert torch.equal(gm(x), unrolled(x))
