@@ -22,7 +22,7 @@ import torch.fx as fx
 
 from .. import step as meta
 from ..step import Role
-from .base import _aliased_arg, call_summary, is_view, returns_written, written_args
+from .base import aliased_arg, call_summary, is_view, returns_written, written_args
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,17 +46,20 @@ def byte_interval(t: torch.Tensor) -> tuple[int, int]:
     return (lo * item, (hi + 1) * item)
 
 
-def origins(gm: fx.GraphModule) -> dict[fx.Node, str]:
-    """S/B tags: ``Role.STATE_VIEW`` nodes are S, ``Role.ARENA`` placeholders B; views inherit."""
-    tag: dict[fx.Node, str] = {}
+def origins(gm: fx.GraphModule, seed: "Mapping[fx.Node, str] | None" = None) -> dict[fx.Node, str]:
+    """S/B tags: ``Role.STATE_VIEW`` nodes are S, ``Role.ARENA`` placeholders B; views inherit.
+    ``seed``: tags known already (a shared step's placeholders: its call's arguments')."""
+    tag: dict[fx.Node, str] = dict(seed or {})
     for node in gm.graph.nodes:
+        if node in tag:
+            continue
         role = meta.role(node)
         if role is Role.STATE_VIEW:
             tag[node] = "S"
         elif role is Role.ARENA:
             tag[node] = "B"
         else:
-            src = _aliased_arg(node)  # a view, an in-place op's result, a call's item that is its argument
+            src = aliased_arg(node)  # a view, an in-place op's result, a call's item that is its argument
             if src is not None and src in tag:  # the same memory, the same origin
                 tag[node] = tag[src]
     return tag
@@ -71,12 +74,8 @@ def _inner(call: fx.Node, position: float, env: Mapping, tags: Mapping):
     step = 1.0 / (len(nodes) + 1)
     placeholders = [n for n in nodes if n.op == "placeholder"]
     inner_env = {p: env[a] for p, a in zip(placeholders, call.args) if isinstance(a, fx.Node) and a in env}
-    inner_tags = origins(sub)
-    inner_tags.update({p: tags[a] for p, a in zip(placeholders, call.args) if isinstance(a, fx.Node) and a in tags})
-    for node in nodes:  # views of a tagged placeholder inherit its origin
-        src = _aliased_arg(node)
-        if src is not None and src in inner_tags:
-            inner_tags[node] = inner_tags[src]
+    inner_tags = origins(sub, {p: tags[a] for p, a in zip(placeholders, call.args)
+                               if isinstance(a, fx.Node) and a in tags})
     positions = {n: position + (j + 1) * step for j, n in enumerate(nodes)}
     return sub, positions, inner_env, inner_tags
 

@@ -20,6 +20,7 @@ so the hazard checks need no fresh code.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from typing import Any, Callable, Sequence
 
 import torch
@@ -201,7 +202,7 @@ def is_mutating(node: fx.Node) -> bool:
 def is_view(node: fx.Node) -> bool:
     """An op whose first output aliases its first input (no write)."""
     t = node.target
-    if t is getattr(__import__("operator"), "getitem"):
+    if t is operator.getitem:
         return True
     if not isinstance(t, torch._ops.OpOverload):
         return False
@@ -239,14 +240,14 @@ def call_summary(node: fx.Node) -> "CallSummary | None":
     return getattr(sub, "meta", {}).get(CALL_SUMMARY)
 
 
-def _aliased_arg(node: fx.Node) -> "fx.Node | None":
+def aliased_arg(node: fx.Node) -> "fx.Node | None":
     """The argument a view-like node's value is memory of: a view's or an in-place op's
     first argument; for an item of a shared step's result, the argument that item
     aliases (None: fresh memory)."""
     if node.op != "call_function" or not node.args or not isinstance(node.args[0], fx.Node):
         return None
     src = node.args[0]
-    if node.target is getattr(__import__("operator"), "getitem") and src.op == "call_module":
+    if node.target is operator.getitem and src.op == "call_module":
         summary = call_summary(src)
         if summary is None:
             return src
@@ -260,7 +261,7 @@ def _aliased_arg(node: fx.Node) -> "fx.Node | None":
 def view_root(node: fx.Node) -> fx.Node:
     """Follow view ops (and in-place ops' results, which alias what they wrote) back to the tensor."""
     while True:
-        src = _aliased_arg(node)
+        src = aliased_arg(node)
         if src is None:
             return node
         node = src
@@ -270,7 +271,7 @@ def view_roots(gm: fx.GraphModule) -> dict[fx.Node, fx.Node]:
     """``view_root`` of every node, in one walk (each node's root is its source's)."""
     roots: dict[fx.Node, fx.Node] = {}
     for node in gm.graph.nodes:
-        src = _aliased_arg(node)
+        src = aliased_arg(node)
         roots[node] = roots[src] if src is not None and src in roots else node
     return roots
 

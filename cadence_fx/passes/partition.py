@@ -104,14 +104,22 @@ def capturability(node: fx.Node, device_type: str | None = "cuda") -> NodeVerdic
     for v in vals:
         if isinstance(v, torch.Tensor) and v.device.type != device_type:
             return NodeVerdict(node.name, False, f"runs on {v.device.type}: {t}")
+    host = _host_input(node, device_type)
+    if host is not None:
+        return NodeVerdict(node.name, False, f"reads a {host} tensor: {t}")
+    return NodeVerdict(node.name, True, "device op")
+
+
+def _host_input(node: fx.Node, device_type: str) -> "str | None":
+    """The device type of an input a capture would freeze, or None.  A 0-dim host tensor
+    is passed to a kernel by value: fine for a constant, but one computed per call would
+    be frozen into the graph at capture."""
     for a in node.all_input_nodes:
         v = a.meta.get("val")
-        # A 0-dim host tensor is passed to a kernel by value: fine for a constant,
-        # but one computed per call would be frozen into the graph at capture.
         if (isinstance(v, torch.Tensor) and v.device.type != device_type
                 and (v.dim() > 0 or a.op != "get_attr")):
-            return NodeVerdict(node.name, False, f"reads a {v.device.type} tensor: {t}")
-    return NodeVerdict(node.name, True, "device op")
+            return v.device.type
+    return None
 
 
 def _call_verdict(node: fx.Node, device_type: str | None) -> NodeVerdict:
@@ -126,11 +134,9 @@ def _call_verdict(node: fx.Node, device_type: str | None) -> NodeVerdict:
         memo[device_type] = f"in {node.target}: {bad[0].node} ({bad[0].reason})" if bad else None
     if memo[device_type] is not None:
         return NodeVerdict(node.name, False, memo[device_type])
-    for a in node.all_input_nodes:
-        v = a.meta.get("val")
-        if (device_type is not None and isinstance(v, torch.Tensor) and v.device.type != device_type
-                and (v.dim() > 0 or a.op != "get_attr")):
-            return NodeVerdict(node.name, False, f"reads a {v.device.type} tensor: {node.target}")
+    host = _host_input(node, device_type) if device_type is not None else None
+    if host is not None:
+        return NodeVerdict(node.name, False, f"reads a {host} tensor: {node.target}")
     return NodeVerdict(node.name, True, "a shared step's call (every op in it capturable)")
 
 

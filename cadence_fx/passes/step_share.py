@@ -59,6 +59,7 @@ from typing import Callable
 
 import torch
 import torch.fx as fx
+from torch.fx.graph_module import _copy_attr  # what GraphModule.__init__ uses (dotted names too)
 
 from .. import step as meta
 from ..errors import PassError
@@ -239,25 +240,23 @@ def _submodule(gm: fx.GraphModule, template: list[fx.Node], inputs: list[fx.Node
         env[a].meta = {key: v for key, v in a.meta.items() if key != meta.TAG}  # an input, whatever fed it
     attrs: dict[str, fx.Node] = {}
 
+    def attr(a: fx.Node) -> fx.Node:
+        """A constant the step reads (in the call or before it): the submodule's own attribute."""
+        if a.target not in attrs:
+            _copy_attr(gm, root, a.target)
+            attrs[a.target] = graph.get_attr(a.target)
+            attrs[a.target].meta = dict(a.meta)
+        return attrs[a.target]
+
     def arg(a: fx.Node) -> fx.Node:
         if a in env:
             return env[a]
-        if a.op == "get_attr":  # a constant read from before the call: the submodule's own attribute
-            if a.target not in attrs:
-                _copy_attr(gm, root, a.target)
-                attrs[a.target] = graph.get_attr(a.target)
-                attrs[a.target].meta = dict(a.meta)
-            return attrs[a.target]
+        if a.op == "get_attr":
+            return attr(a)
         raise PassError(f"step_share: {a.name} is read by the step but is neither in it nor an input")
 
     for node in template:
-        if node.op == "get_attr":
-            if node.target not in attrs:
-                _copy_attr(gm, root, node.target)
-                attrs[node.target] = graph.node_copy(node)
-            env[node] = attrs[node.target]
-            continue
-        env[node] = graph.node_copy(node, arg)
+        env[node] = attr(node) if node.op == "get_attr" else graph.node_copy(node, arg)
     graph.output(tuple(env[template[j]] for j in used))
     sub = fx.GraphModule(root, graph, class_name="SharedStep")
     sub.meta[CALL_SUMMARY] = summarize(sub)
@@ -273,13 +272,8 @@ def summarize(sub: fx.GraphModule) -> CallSummary:
     written = sorted({index[roots[w]] for n in nodes for w in written_args(n) if roots[w] in index})
     (output,) = [n for n in nodes if n.op == "output"]
     aliases = tuple(index.get(roots[v]) if isinstance(v, fx.Node) else None for v in output.args[0])
-    effects = bool(written) or any(has_side_effect(n) for n in nodes if n.op not in ("placeholder", "output"))
+    effects = any(has_side_effect(n) for n in nodes if n.op not in ("placeholder", "output"))  # a write too
     return CallSummary(tuple(written), aliases, effects)
-
-
-def _copy_attr(src: torch.nn.Module, dst: torch.nn.Module, target: str) -> None:
-    from torch.fx.graph_module import _copy_attr as copy
-    copy(src, dst, target)
 
 
 def inline_calls(gm: fx.GraphModule, name: str = SHARED) -> fx.GraphModule:
