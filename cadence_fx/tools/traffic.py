@@ -101,9 +101,9 @@ def add_args(p) -> None:
                         "the stalls a player would hear; stock is checked after the timed run, on the same seeds")
     p.add_argument("--stagger-s", type=float, default=1.0, help="--pace: seconds between voices' arrivals")
     p.add_argument("--no-warm-up", dest="warm_up", action="store_false",
-                   help="--pace: start the clock on a cold model (by default one voice of a length no conversation "
-                        "has is set up and closed first, as a service does before it takes traffic, so the "
-                        "symbolic trace is not in any conversation's way and every voice is a new length)")
+                   help="--pace: start the clock on a cold model (by default two voices of adjacent lengths no "
+                        "conversation has are set up and closed first, as a service does before it takes traffic, "
+                        "so the symbolic traces are not in any conversation's way and every voice is a new length)")
     p.add_argument("--out", default=None, help="write traffic.json, traffic.md and traffic.png here")
     p.add_argument("--quiet", action="store_true")
 
@@ -301,6 +301,22 @@ def player(rows: list[dict]) -> None:
             end = max(end, r["ready_s"]) + r["audio_s"]
 
 
+def warm_up_lengths(used: set, lo: int, hi: int) -> list[int]:
+    """Two adjacent prompt lengths no conversation has, from the middle of ``[lo, hi]``
+    outward (past ``hi`` when the range has no free pair): the ``--pace`` warm-up's voices.
+
+    A model's code may branch on the length, and a symbolic trace then serves one class
+    of lengths (Token2Wav: a length whose ``2P + 49`` frames divide by 25, one in 25,
+    takes another branch; docs/architecture.md).  One warm-up voice of the rare class
+    left every conversation's class to trace on the worker with the clock running
+    (H200, 2026-12-03: 163 tokens); two adjacent lengths are never both of it."""
+    mid = (lo + hi) // 2
+    for n in sorted(range(lo, hi), key=lambda n: (abs(n - mid), n)):
+        if n not in used and n + 1 not in used:
+            return [n, n + 1]
+    return [hi + 1, hi + 2]
+
+
 def _paced(args, spec, convos, stock, opt, device, say, chunk, live, rows, idle) -> None:
     """``--pace``: the timed run (optimized only), then stock on the same seeds."""
     import torch
@@ -318,15 +334,13 @@ def _paced(args, spec, convos, stock, opt, device, say, chunk, live, rows, idle)
     saved: dict[int, list] = {c.index: [] for c in convos}  # the state at every turn's end
     args.warm_up_tokens, args.warm_up_s = None, None
     if args.warm_up:  # what a service does before it takes traffic: trace (or load) the symbolic steps
-        used = {c.prompt_tokens for c in convos}
-        lo, hi = args.prompt_range
-        free = [n for n in range(lo, hi + 1) if n not in used] or [hi + 1]
-        args.warm_up_tokens = free[len(free) // 2]
-        prompt = _prompt(spec, args, args.warm_up_tokens, args.seed + 10_000)
+        args.warm_up_tokens = warm_up_lengths({c.prompt_tokens for c in convos}, *args.prompt_range)
         if say:
-            say(f"warm-up: a voice of {args.warm_up_tokens} tokens, set up and closed before the clock starts")
+            say(f"warm-up: voices of {' and '.join(map(str, args.warm_up_tokens))} tokens, set up and closed "
+                "before the clock starts")
         t_warm = time.perf_counter()
-        opt.open_session(*prompt).close()
+        for i, n in enumerate(args.warm_up_tokens):
+            opt.open_session(*_prompt(spec, args, n, args.seed + 10_000 + i)).close()
         sync(device)
         args.warm_up_s = round(time.perf_counter() - t_warm, 3)
     t0 = time.perf_counter()
@@ -522,8 +536,9 @@ def markdown(report: dict) -> str:
              f"{report['build_share']}); idle time between chunks: {report['idle']}"
              + (f" ({report['idle_s']} s in all, {report['captured_idle']} entries captured there)"
                 if report["idle"] else ""),
-             "", (f"paced (voices {report['stagger_s']} s apart, chunks at the audio rate; warm-up voice "
-                  f"{report['warm_up_tokens']} tokens, {report['warm_up_s']} s, before the clock): latency from arrival "
+             "", (f"paced (voices {report['stagger_s']} s apart, chunks at the audio rate; warm-up voices "
+                  f"{' and '.join(map(str, report['warm_up_tokens'] or []))} tokens, {report['warm_up_s']} s, "
+                  "before the clock): latency from arrival "
                   f"p50/p99 {report['latency_ms_p50']}/{report['latency_ms_p99']} ms (a turn's first chunk "
                   f"{report['turn_start_latency_ms_p50']}/{report['turn_start_latency_ms_p99']} ms); "
                   f"{report['stalls']} stalls, {report['stall_ms']} ms in all; stock checked after the timed run, "
