@@ -48,20 +48,20 @@ def t2w():
     return types.SimpleNamespace(tail=tail, opt=cadence_fx.optimize(tail), steps=2)
 
 
-# Seconds per file in a cold run of the suite (2 cores, two workers; 2026-12-01),
+# Seconds per file in a cold run of the suite (2 cores, two workers; 2026-12-03),
 # heaviest first: pytest-xdist's ``--dist loadfile`` hands files out in order, and by
 # default orders them by their number of tests, which put the few-test, minutes-long
 # files last and left one worker idle while the other finished them.  Only the order
 # depends on these numbers (a stale one costs minutes, never a check); a file not
 # listed runs after them, in collection order.
 _FILE_SECONDS = {
-    "tests/integrations/test_token2wav.py": 213, "tests/serving/test_ray.py": 207,
-    "tests/integrations/test_prompt_lengths.py": 140, "tests/serving/test_multi_session.py": 100,
-    "tests/tools/test_serve_cmd.py": 88, "tests/tools/test_cli.py": 83, "tests/tools/test_traffic.py": 76,
-    "tests/integrations/test_background.py": 60, "tests/integrations/test_mimi.py": 32, "tests/programs/test_disk_cache.py": 31,
-    "tests/integrations/test_turns.py": 25, "tests/runtime/test_misuse.py": 23, "tests/tools/test_bench.py": 13,
-    "tests/integrations/test_generic.py": 12, "tests/integrations/test_vibevoice.py": 12,
-    "tests/tools/test_bench_mimi.py": 11, "tests/runtime/test_variants.py": 11,
+    "tests/serving/test_ray.py": 239, "tests/integrations/test_token2wav.py": 227,
+    "tests/integrations/test_prompt_lengths.py": 94, "tests/integrations/test_background.py": 89,
+    "tests/tools/test_traffic.py": 71, "tests/tools/test_serve_cmd.py": 69, "tests/serving/test_multi_session.py": 60,
+    "tests/integrations/test_shared_steps.py": 59, "tests/tools/test_cli.py": 38, "tests/integrations/test_mimi.py": 37,
+    "tests/programs/test_disk_cache.py": 25, "tests/integrations/test_turns.py": 17, "tests/runtime/test_misuse.py": 15,
+    "tests/integrations/test_vibevoice.py": 14, "tests/tools/test_bench.py": 13, "tests/tools/test_bench_mimi.py": 9,
+    "tests/runtime/test_variants.py": 8,
 }
 
 
