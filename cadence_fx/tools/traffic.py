@@ -302,19 +302,28 @@ def player(rows: list[dict]) -> None:
 
 
 def warm_up_lengths(used: set, lo: int, hi: int) -> list[int]:
-    """Two adjacent prompt lengths no conversation has, from the middle of ``[lo, hi]``
-    outward (past ``hi`` when the range has no free pair): the ``--pace`` warm-up's voices.
-
-    A model's code may branch on the length, and a symbolic trace then serves one class
-    of lengths (Token2Wav: a length whose ``2P + 49`` frames divide by 25, one in 25,
-    takes another branch; docs/architecture.md).  One warm-up voice of the rare class
-    left every conversation's class to trace on the worker with the clock running
-    (H200, 2026-12-03: 163 tokens); two adjacent lengths are never both of it."""
+    """Two adjacent free prompt lengths from the middle of ``[lo, hi]`` outward (else past
+    ``hi``): a symbolic trace serves one class of lengths, and Token2Wav's rare class
+    (``2P + 49`` frames divisible by 25) never holds two adjacent ones (docs/serving.md)."""
     mid = (lo + hi) // 2
     for n in sorted(range(lo, hi), key=lambda n: (abs(n - mid), n)):
         if n not in used and n + 1 not in used:
             return [n, n + 1]
     return [hi + 1, hi + 2]
+
+
+def warm_up(opt, prompts: list) -> None:
+    """Set up and close a voice per prompt, each built at its set-up (a background build
+    waits for a first chunk, which a warm-up never sends: background is off meanwhile)."""
+    background = bool(getattr(opt, "background", False))
+    if background:
+        opt.set_background(False)
+    try:
+        for prompt in prompts:
+            opt.open_session(*prompt).close()
+    finally:
+        if background:
+            opt.set_background(True)
 
 
 def _paced(args, spec, convos, stock, opt, device, say, chunk, live, rows, idle) -> None:
@@ -336,11 +345,9 @@ def _paced(args, spec, convos, stock, opt, device, say, chunk, live, rows, idle)
     if args.warm_up:  # what a service does before it takes traffic: trace (or load) the symbolic steps
         args.warm_up_tokens = warm_up_lengths({c.prompt_tokens for c in convos}, *args.prompt_range)
         if say:
-            say(f"warm-up: voices of {' and '.join(map(str, args.warm_up_tokens))} tokens, set up and closed "
-                "before the clock starts")
+            say(f"warm-up: voices of {args.warm_up_tokens} tokens, set up and closed before the clock starts")
         t_warm = time.perf_counter()
-        for i, n in enumerate(args.warm_up_tokens):
-            opt.open_session(*_prompt(spec, args, n, args.seed + 10_000 + i)).close()
+        warm_up(opt, [_prompt(spec, args, n, args.seed + 10_000 + i) for i, n in enumerate(args.warm_up_tokens)])
         sync(device)
         args.warm_up_s = round(time.perf_counter() - t_warm, 3)
     t0 = time.perf_counter()
@@ -537,8 +544,7 @@ def markdown(report: dict) -> str:
              + (f" ({report['idle_s']} s in all, {report['captured_idle']} entries captured there)"
                 if report["idle"] else ""),
              "", (f"paced (voices {report['stagger_s']} s apart, chunks at the audio rate; warm-up voices "
-                  f"{' and '.join(map(str, report['warm_up_tokens'] or []))} tokens, {report['warm_up_s']} s, "
-                  "before the clock): latency from arrival "
+                  f"{report['warm_up_tokens']} tokens, {report['warm_up_s']} s, before the clock): latency from arrival "
                   f"p50/p99 {report['latency_ms_p50']}/{report['latency_ms_p99']} ms (a turn's first chunk "
                   f"{report['turn_start_latency_ms_p50']}/{report['turn_start_latency_ms_p99']} ms); "
                   f"{report['stalls']} stalls, {report['stall_ms']} ms in all; stock checked after the timed run, "

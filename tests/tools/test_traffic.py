@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import types
 
 import pytest
 import torch
@@ -90,6 +91,32 @@ def test_the_warm_up_voices_are_two_adjacent_free_lengths_never_both_of_token2wa
         assert not all(rare(p) for p in pair)
     assert traffic.warm_up_lengths({5, 6}, 5, 6) == [7, 8]  # no free pair in the range: past it
     assert traffic.warm_up_lengths(set(), 75, 250) == [162, 163]  # from the middle outward
+
+
+def test_the_warm_up_builds_every_voice_at_its_set_up_even_with_background_builds_on():
+    """With background on, a second voice would only queue a build that starts at its
+    first chunk; the warm-up sends none, so it builds with background off, then puts it back."""
+    class Opt:
+        def __init__(self, background):
+            self.background, self.seen = background, []
+
+        def set_background(self, on):
+            self.background = on
+
+        def open_session(self, *prompt):
+            if prompt == ("bad",):
+                raise ValueError("bad prompt")
+            self.seen.append((prompt, self.background))
+            return types.SimpleNamespace(close=lambda: None)
+
+    for background in (True, False):
+        opt = Opt(background)
+        traffic.warm_up(opt, [(1,), (2,)])
+        assert opt.seen == [((1,), False), ((2,), False)] and opt.background is background
+    opt = Opt(True)
+    with pytest.raises(ValueError, match="bad prompt"):
+        traffic.warm_up(opt, [(1,), ("bad",)])
+    assert opt.background is True  # put back on an error too
 
 
 def test_the_player_stalls_only_when_a_chunk_is_late_for_the_audio_before_it():
