@@ -20,9 +20,9 @@ from ...annotations import get_declaration
 from ...plan import ScopeVerdict, TensorSpec
 from ...runtime.binding import rebind_buffers
 from ...step import StepSignature, scope, scopes
-from .stock import (CARRIED, CHUNK_TOKENS, LOOKAHEAD_TOKENS, MEL_CACHE_LEN, MEL_PER_TOKEN, RETAIN_FRAMES,
-                    SOURCE_CACHE_LEN, UPSTREAM_DISTRIBUTION, UPSTREAM_VERSION, VOCAB, StepConfig, Token2WavTail,
-                    setup_step, stream_step)
+from .stock import (CARRIED, CHUNK_TOKENS, LOOKAHEAD_TOKENS, MEL_CACHE_LEN, MEL_PER_TOKEN,
+                    RELEASED_CONFORMER_LAYERS, RETAIN_FRAMES, SOURCE_CACHE_LEN, UPSTREAM_DISTRIBUTION,
+                    UPSTREAM_VERSION, VOCAB, StepConfig, Token2WavTail, conformer_layers, setup_step, stream_step)
 
 #: the module buffers upstream over-provisions, each bound to a declared region
 STOCK_BUFFERS = ("flow.decoder.att_cache_buffer", "flow.decoder.cnn_cache_buffer",
@@ -45,7 +45,8 @@ class Token2WavAdapter(StreamingAdapter):
         self._stock_buffer_bytes = stock_buffer_bytes
 
     def dims(self) -> dict[str, int]:
-        return {"prompt_frames": self.cfg.prompt_frames, "n_timesteps": self.cfg.n_timesteps}
+        layers = RELEASED_CONFORMER_LAYERS if self.flow is None else conformer_layers(self.flow)  # explain: released
+        return {"prompt_frames": self.cfg.prompt_frames, "n_timesteps": self.cfg.n_timesteps, "conformer_layers": layers}
 
     @property
     def dtype(self) -> torch.dtype:
@@ -136,7 +137,8 @@ class Token2WavAdapter(StreamingAdapter):
         """Stock buffers (at their fixed sizes) + carried state outside them at steady state."""
         item = 2 if self.cfg.float16 else 4
         t = self.cfg.prompt_frames + RETAIN_FRAMES
-        carried = (1 * 512 * 6 + 10 * 8 * t * 128) * item + (80 * MEL_CACHE_LEN + 2 * SOURCE_CACHE_LEN) * 4
+        layers = self.dims()["conformer_layers"]
+        carried = (1 * 512 * 6 + layers * 8 * t * 128) * item + (80 * MEL_CACHE_LEN + 2 * SOURCE_CACHE_LEN) * 4
         return self._stock_buffer_bytes + carried
 
 

@@ -41,6 +41,12 @@ RETAIN_FRAMES = 100  # upstream trims the attention caches to prompt + last 100 
 VOCAB = 6561
 PRE_LOOKAHEAD_CARRY = 2  # conformer frames the encoder's pre-lookahead conv carries (of its output)
 UP_CARRY = 4  # frames the encoder's upsample conv carries (2 x its stride of 2)
+RELEASED_CONFORMER_LAYERS = 10  # 6 conformer blocks + 4 after the upsampling
+
+
+def conformer_layers(flow) -> int:
+    """The encoder's blocks, each of which keeps one K|V cache layer (10 released)."""
+    return len(flow.encoder.encoders) + len(flow.encoder.up_encoders)
 
 
 def upstream_modules() -> dict[str, Any]:
@@ -209,9 +215,9 @@ TOKEN2WAV_DECLARATION = dict(
         Region("conformer_cnn_cache", clock="mel", shape=(1, 512, "T"), axis=2,
                retention=Ring(PRE_LOOKAHEAD_CARRY + UP_CARRY), dtype="float32",
                doc="pre-lookahead (2) + upsample (4) conv carry of the encoder"),
-        Region("conformer_att_cache", clock="mel", shape=(10, 1, 8, "T", 128), axis=3,
+        Region("conformer_att_cache", clock="mel", shape=("conformer_layers", 1, 8, "T", 128), axis=3,
                retention=Window(retain=RETAIN_FRAMES, prefix="prompt_frames"),
-               doc="encoder K|V for 6 + 4 conformer blocks; trimmed by the stream loop"),
+               doc="encoder K|V per conformer block (6 + 4 released); trimmed by the stream loop"),
         Region("estimator_cnn_cache", clock="mel", shape=("n_timesteps", 16, 2, 1024, 2),
                retention=Fixed(), buffers=("flow.decoder.cnn_cache_buffer",),
                doc="DiT conv carry per flow step; stock keeps 16 steps"),
