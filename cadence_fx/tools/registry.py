@@ -3,11 +3,18 @@
 Each name maps to a frozen ``ModelSpec``: how to build the stock model from the
 command's options, its planning-only adapter, the dtypes it runs, what one chunk
 is, and its bench and serve hooks.  ``register`` adds one (tests add small models).
+
+A model registered in one process is unknown in the processes it starts (a serve-sim
+check worker, a Ray replica) unless they import what registered it: the modules named in
+``CADENCE_FX_MODELS`` (comma-separated, importable there) are imported when a name is
+looked up or the names are listed, once each, and register their models on import.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import os
 from typing import Any, Callable
 
 from ..errors import CadenceError, InputError
@@ -94,11 +101,30 @@ def unregister(name: str) -> None:
     _MODELS.pop(name, None)
 
 
+#: modules that register models when imported (see the module's docstring)
+PLUGINS_ENV = "CADENCE_FX_MODELS"
+_IMPORTED: set[str] = set()
+
+
+def _import_plugins() -> None:
+    for module in (m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(",")):
+        if module and module not in _IMPORTED:
+            try:
+                importlib.import_module(module)
+            except ImportError as e:
+                raise InputError(f"{PLUGINS_ENV}: cannot import {module!r} ({e}); it names modules that "
+                                 f"register models, importable in this process") from e
+            _IMPORTED.add(module)
+
+
 def names(where: Callable[[ModelSpec], Any] = lambda s: True) -> tuple[str, ...]:
+    _import_plugins()
     return tuple(n for n, s in _MODELS.items() if where(s))
 
 
 def get(name: str) -> ModelSpec:
+    if name not in _MODELS:
+        _import_plugins()
     if name not in _MODELS:
         raise UnknownModel(f"unknown model {name!r}; choose from {', '.join(_MODELS)}")
     return _MODELS[name]
