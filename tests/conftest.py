@@ -48,20 +48,30 @@ def t2w():
     return types.SimpleNamespace(tail=tail, opt=cadence_fx.optimize(tail), steps=2)
 
 
-# Seconds per file in a cold run of the suite (2 cores, two workers; 2026-12-03),
-# heaviest first: pytest-xdist's ``--dist loadfile`` hands files out in order, and by
-# default orders them by their number of tests, which put the few-test, minutes-long
-# files last and left one worker idle while the other finished them.  Only the order
-# depends on these numbers (a stale one costs minutes, never a check); a file not
-# listed runs after them, in collection order.
+@pytest.fixture(scope="session")
+def t2w_mini():
+    """The tests of mechanisms' Token2Wav: the released architecture with fewer blocks and
+    narrower HiFT channels (tests/helpers/mini_token2wav.py says what it keeps), seed 0,
+    2 flow steps, and ONE optimized model on it (rule S), shared like ``t2w``."""
+    from helpers.mini_token2wav import mini_tail
+    import cadence_fx
+    tail = mini_tail(n_timesteps=2, seed=0)
+    return types.SimpleNamespace(tail=tail, opt=cadence_fx.optimize(tail), steps=2)
+
+
+# Seconds per file in a run of the suite (2 cores, two workers; 2026-12-03, session
+# twenty-six, the mechanics files on ``t2w_mini``), heaviest first: pytest-xdist's
+# ``--dist loadfile`` hands files out in order, and by default orders them by their number
+# of tests, which put the few-test, minutes-long files last and left one worker idle while
+# the other finished them.  Only the order depends on these numbers (a stale one costs
+# minutes, never a check); a file not listed runs after them, in collection order.
 _FILE_SECONDS = {
-    "tests/serving/test_ray.py": 239, "tests/integrations/test_token2wav.py": 227,
-    "tests/integrations/test_prompt_lengths.py": 94, "tests/integrations/test_background.py": 89,
-    "tests/tools/test_traffic.py": 71, "tests/tools/test_serve_cmd.py": 69, "tests/serving/test_multi_session.py": 60,
-    "tests/integrations/test_shared_steps.py": 59, "tests/tools/test_cli.py": 38, "tests/integrations/test_mimi.py": 37,
-    "tests/programs/test_disk_cache.py": 25, "tests/integrations/test_turns.py": 17, "tests/runtime/test_misuse.py": 15,
-    "tests/integrations/test_vibevoice.py": 14, "tests/tools/test_bench.py": 13, "tests/tools/test_bench_mimi.py": 9,
-    "tests/runtime/test_variants.py": 8,
+    "tests/integrations/test_token2wav.py": 261, "tests/serving/test_ray.py": 177,
+    "tests/integrations/test_prompt_lengths.py": 94, "tests/tools/test_cli.py": 69, "tests/integrations/test_mimi.py": 57,
+    "tests/tools/test_traffic.py": 55, "tests/tools/test_serve_cmd.py": 47, "tests/integrations/test_background.py": 44,
+    "tests/programs/test_disk_cache.py": 40, "tests/integrations/test_shared_steps.py": 32, "tests/runtime/test_misuse.py": 31,
+    "tests/integrations/test_vibevoice.py": 19, "tests/tools/test_bench_mimi.py": 15, "tests/serving/test_multi_session.py": 14,
+    "tests/integrations/test_generic.py": 13, "tests/tools/test_bench.py": 13, "tests/runtime/test_variants.py": 12,
 }
 
 

@@ -1,6 +1,8 @@
 """The later flow steps are specialized once and called (passes/step_share), rule S here:
-the released Token2Wav at 3 flow steps (the fewest with two alike steps; the suite's
-shared model has 2), every chunk of a real turn against stock: two voices (the second
+the mini Token2Wav (tests/helpers/mini_token2wav.py: the released architecture, two DiT
+blocks; the released model's later steps share one step in test_token2wav.py's ten-step
+test) at 3 flow steps (the fewest with two alike steps; the suite's shared models have
+2), seed 5 weights, every chunk of a real turn against stock: two voices (the second
 specialized from the first's symbolic programs), warm-up, growth, steady state and a
 flush (specialized on first use), and a reset.  (A shorter window goes through the
 same specialization as the flush: its own symbolic step, another trace here.)"""
@@ -14,12 +16,13 @@ from cadence_fx.integrations import stepaudio2 as s2
 from cadence_fx.lockstep import compare_streams
 from cadence_fx.passes.step_share import SHARED
 
+from helpers.mini_token2wav import mini_tail
+
 CPU = torch.device("cpu")
 
 
 def test_three_steps_share_one_step_through_voices_flushes_and_a_reset():
-    flow, hift = s2.build_modules(seed=5)
-    tail = s2.Token2WavTail(flow, hift, n_timesteps=3)
+    tail = mini_tail(n_timesteps=3, seed=5)
     opt = cadence_fx.optimize(tail, off_catalog="specialize")
     for tokens, seed in ((11, 5), (29, 6)):
         prompt = s2.synthetic_prompt(tokens, seed=seed)

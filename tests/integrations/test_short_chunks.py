@@ -1,5 +1,5 @@
 """Every chunk length stock runs and can continue from streams exactly; the rest is refused
-up front (issue 13).  The shared ``t2w`` model (tests/conftest.py: 2 flow steps), prompt 5."""
+up front (issue 13).  The shared ``t2w_mini`` model (tests/conftest.py: 2 flow steps), prompt 5."""
 
 from __future__ import annotations
 
@@ -9,6 +9,13 @@ import torch
 from cadence_fx import InputError
 from cadence_fx.integrations import stepaudio2 as s2
 from cadence_fx.lockstep import compare_streams
+
+
+@pytest.fixture(scope="module")
+def t2w(t2w_mini):
+    """This file's Token2Wav is the mini one (tests/conftest.py ``t2w_mini``): what it checks
+    is mechanism, which the released configuration's own tests do not need to repeat."""
+    return t2w_mini
 
 CPU = torch.device("cpu")
 

@@ -16,6 +16,13 @@ import cadence_fx
 from cadence_fx.integrations import stepaudio2 as s2
 from cadence_fx.lockstep import compare_streams
 
+
+@pytest.fixture(scope="module")
+def t2w(t2w_mini):
+    """This file's Token2Wav is the mini one (tests/conftest.py ``t2w_mini``): what it checks
+    is mechanism, which the released configuration's own tests do not need to repeat."""
+    return t2w_mini
+
 CPU = torch.device("cpu")
 
 

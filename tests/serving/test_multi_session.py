@@ -1,5 +1,6 @@
 """Many sessions on one set of weights, bad input and faults: the library's serving
-behaviour under rule S on the CPU, on the real Token2Wav tail.
+behaviour under rule S on the CPU, on the mini Token2Wav tail (tests/conftest.py
+``t2w_mini``: upstream's classes, fewer blocks; the CUDA tests build the released one).
 
 The oracle is the stock streaming path run alone: each session's stream is first run
 by itself on the stock tail (from ``torch.manual_seed(seed_of(session, chunk))``
@@ -8,7 +9,7 @@ for bit: ``torch.equal`` on every float waveform, SHA-256 of the bytes of every
 carried state tensor after every chunk (stricter than ``torch.equal``), and
 ``torch.equal`` on every final state tensor.
 
-Cost: the shared ``t2w`` model (tests/conftest.py: 2 flow steps; prompt lengths 5 and
+Cost: the shared ``t2w_mini`` model (2 flow steps; prompt lengths 5 and
 7 here: two traces), small prompts, few chunks.  ``OPTIMIZED`` catalog per prompt:
 att-cache extents 2P, 2P + 50, 2P + 100 frames.
 """
@@ -28,6 +29,13 @@ from cadence_fx.serving.replica import rank
 
 from helpers.marks import cuda, deterministic_protocol_restored
 from helpers.streams import STEPS, assert_chunk_exact, assert_final_exact, reference, seed_of, tokens_of
+
+
+@pytest.fixture(scope="module")
+def t2w(t2w_mini):
+    """This file's Token2Wav is the mini one (tests/conftest.py ``t2w_mini``): what it checks
+    is mechanism, which the released configuration's own tests do not need to repeat."""
+    return t2w_mini
 
 
 # ---------------------------------------------------------------- multi-session

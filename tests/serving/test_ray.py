@@ -1,6 +1,7 @@
 """The optimized Token2Wav tail on a local Ray Serve instance (issue 18): two tail
-replicas (rule S, 2 flow steps, CPU) behind the router, over the Python handle, HTTP
-and WebSocket.  Every chunk of every conversation is checked against that
+replicas (rule S, 2 flow steps, CPU; the mini Token2Wav of tests/helpers/mini_token2wav.py,
+registered in every Ray worker through ``CADENCE_FX_MODELS``) behind the router, over the
+Python handle, HTTP and WebSocket.  Every chunk of every conversation is checked against that
 conversation run alone on the stock tail in this process (helpers/streams.py): the
 float waveform with ``torch.equal``, SHA-256 of every live state tensor, and the PCM
 bytes.  The replicas run this process's torch thread count (CPU bits depend on it) and
@@ -31,6 +32,7 @@ from cadence_fx.serving import ReplicaFull, ReplicaLost, UnknownConversation
 from cadence_fx.serving import wire
 from cadence_fx.serving.replica import rank
 
+from helpers import mini_token2wav as mini
 from helpers.streams import STEPS, assert_chunk_exact, reference, seed_of
 
 ray = pytest.importorskip("ray", reason="the [ray] extra (README's test command installs it)")
@@ -51,18 +53,28 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
+def t2w(t2w_mini):
+    """This file's Token2Wav is the mini one (tests/conftest.py ``t2w_mini``)."""
+    return t2w_mini
+
+
+@pytest.fixture(scope="module")
 def cluster(t2w):
     """A local Ray instance with the app deployed: (handle, base URL)."""
     threads = torch.get_num_threads()
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # helpers/ importable in the workers
     env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-           "CADENCE_FX_CACHE_DIR": os.environ["CADENCE_FX_CACHE_DIR"]}
+           "CADENCE_FX_CACHE_DIR": os.environ["CADENCE_FX_CACHE_DIR"],
+           "PYTHONPATH": os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH")) if p),
+           registry.PLUGINS_ENV: "helpers.mini_models"}
+    mini.register()  # in this process (serve-sim's stock side); Ray's workers import helpers.mini_models
     # the prompt length's programs, traced here once: both replicas load them from the disk cache
     t2w.opt.set_stream_cache(*s2.synthetic_prompt(PROMPT_TOKENS, seed=1))
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, object_store_memory=100 * 2**20,
              runtime_env={"env_vars": env})
     port = _free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    options = dict(model="token2wav", rules="S", seed=0, checkpoint=None, n_timesteps=STEPS,
+    options = dict(model=mini.MODEL, rules="S", seed=0, checkpoint=None, n_timesteps=STEPS,
                    prompt_tokens=PROMPT_TOKENS, dtype="float32", device="cpu")
     app = cray.app(functools.partial(registry.build_optimized, options), replicas=2, max_conversations=PER_REPLICA,
                    torch_threads=threads, batch_wait_s=0.2, health_check_period_s=1)
@@ -72,6 +84,7 @@ def cluster(t2w):
     finally:
         serve.shutdown()
         ray.shutdown()
+        registry.unregister(mini.MODEL)
 
 
 def conversation(n: int, turns: int = 1, steady: int = 2):
@@ -272,7 +285,8 @@ def test_serve_sim_through_ray_is_exact_against_stock(cluster, capsys):
     """``serve-sim --ray-replicas``: the sessions as conversations of its own app on this
     Ray instance; each session's PCM equal to its own stock model's."""
     from cadence_fx.tools import cli
-    code = cli.main(["serve-sim", "--ray-replicas", "1", "--sessions", "2", "--seconds", "1", "--warmup-ticks", "0",
+    code = cli.main(["serve-sim", "--model", mini.MODEL, "--ray-replicas", "1", "--sessions", "2", "--seconds", "1",
+                     "--warmup-ticks", "0",
                      "--n-timesteps", str(STEPS), "--prompt-tokens", str(PROMPT_TOKENS), "--device", "cpu", "--json"])
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert code == 0 and report["exact"] is True and report["exact_sessions"] == [True, True]

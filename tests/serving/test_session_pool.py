@@ -9,6 +9,13 @@ from cadence_fx.integrations import stepaudio2 as s2
 from cadence_fx.serving import PoolFull, SessionPool
 
 
+@pytest.fixture(scope="module")
+def t2w(t2w_mini):
+    """This file's Token2Wav is the mini one (tests/conftest.py ``t2w_mini``): what it checks
+    is mechanism, which the released configuration's own tests do not need to repeat."""
+    return t2w_mini
+
+
 def test_session_pool_places_on_the_least_loaded_device_and_admits_up_to_its_limit(t2w):
     """Two replicas (the CPU model listed twice stands in for two devices)."""
     pool = SessionPool([t2w.opt, t2w.opt], max_per_device=1)

@@ -1,4 +1,4 @@
-"""``cadence-fx traffic`` on the shared small Token2Wav (tests/conftest.py ``t2w``: 2 flow
+"""``cadence-fx traffic`` on the shared mini Token2Wav (tests/conftest.py ``t2w_mini``: 2 flow
 steps, one optimized model): two interleaved conversations, each with its own voice
 length, two turns with a reset, steady chunks, a shorter window and a flush, every chunk
 checked against its own stock stream."""
@@ -15,6 +15,13 @@ import torch
 from cadence_fx import foreground
 from cadence_fx.integrations import stepaudio2 as s2
 from cadence_fx.tools import cli, registry, traffic
+
+
+@pytest.fixture(scope="module")
+def t2w(t2w_mini):
+    """This file's Token2Wav is the mini one (tests/conftest.py ``t2w_mini``): what it checks
+    is mechanism, which the released configuration's own tests do not need to repeat."""
+    return t2w_mini
 
 SMALL = "t2w-traffic"
 
