@@ -4,10 +4,10 @@ A shared model (tests/conftest.py, 2 flow steps, rule S) traces each catalog ent
 with ``prompt_frames`` symbolic; every later prompt length is a specialization.  Each
 length streams warm-up, growth, trim, steady state and a flush, bit-exact against stock
 (on ``t2w_mini``: the mechanism, through both of Token2Wav's branch classes of the prompt
-length and a background build; the released ``t2w`` streams new lengths exactly in
-test_cli's ``verify --prompt-tokens 5,12,5`` and test_shared_steps); on the released
-``t2w``, the specialized steady-state graph is, op for op, the graph a concrete trace
-records at that length, and the region walk logs what a run logs.
+length and a background build; the released model streams specialized lengths exactly
+in test_token2wav.py and test_disk_cache.py), and the specialized steady-state graph is,
+op for op, the graph a concrete trace records at that length; on the released ``t2w``,
+the region walk logs what a run logs.
 """
 
 from __future__ import annotations
@@ -83,7 +83,8 @@ def test_new_prompt_lengths_are_specialized_and_exact(t2w_mini):
     assert len(t2w.opt.programs) == 6
 
 
-def test_specialized_graph_is_the_concrete_trace_op_for_op(t2w):
+def test_specialized_graph_is_the_concrete_trace_op_for_op(t2w_mini):
+    t2w = t2w_mini
     _traced(t2w)
     tokens = 31
     _, mels, spk = s2.synthetic_prompt(tokens)

@@ -1,8 +1,8 @@
-"""The command line through the model registry, on a small model: the shared ``t2w``
-Token2Wav (tests/conftest.py: 2 flow steps, one optimized model) registered as
-``t2w-small``, so explain, verify and demo run here without building or tracing the
-released configuration again.  The released configuration's end-to-end run (the demo)
-is in test_token2wav.py.
+"""The command line through the model registry, on a small model: the shared ``t2w_mini``
+Token2Wav (tests/conftest.py: the released architecture with fewer blocks, 2 flow steps,
+one optimized model) registered as ``t2w-small``, so explain, verify and demo run here
+without building or tracing the released configuration.  The released configuration's
+end-to-end runs (verify, the demo) are in test_token2wav.py.
 """
 
 from __future__ import annotations
@@ -19,6 +19,13 @@ from cadence_fx.tools import cli, registry
 from cadence_fx.tools.bench import BenchError
 
 SMALL = "t2w-small"
+
+
+@pytest.fixture(scope="module")
+def t2w(t2w_mini):
+    return t2w_mini
+
+
 PROMPT = 5  # tokens: the prompt length the other users of ``t2w`` trace too
 
 
