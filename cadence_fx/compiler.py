@@ -46,6 +46,7 @@ from .programs import ProgramStore
 from .programs.entry import specialized_entry
 from .runtime.arena import Arena, copy_strided, zeros_of
 from .runtime.counters import COMPILE_KEYS
+from .runtime import graphs as runtime_graphs
 from .runtime.graphs import CapturedRegion
 from .runtime.pending import Build, PendingSession
 from .runtime.session import EntryProgram, Executable, Session
@@ -120,7 +121,10 @@ def rewrite_pipeline(bindings: list[RegionBinding], rules: "str | Rules" = "S", 
         passes += [StateRewrite(bindings, check_hazards=False), EarlyWriteback(bindings), PruneDead()]
     if rules.replays:
         # istft's per-call host read would split a chunk around an eager island
-        passes += [IstftWithoutHostRead(), Partition(device_type, rules.replay, boundary), LowerCudaGraph(region)]
+        # a shared step's calls apart: each call's region replays one graph (runtime.graphs.SHARE_CALLS)
+        passes += [IstftWithoutHostRead(), Partition(device_type, rules.replay, boundary,
+                                                     calls_apart=runtime_graphs.SHARE_CALLS),
+                   LowerCudaGraph(region)]
     return PassManager(passes,
                        constraints=[this_before_that(FoldHostConstants, StateRewrite),
                                     this_before_that(StateRewrite, EarlyWriteback),

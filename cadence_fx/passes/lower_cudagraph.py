@@ -34,13 +34,17 @@ RegionFactory = Callable[..., torch.nn.Module]
 
 def launches_kernels(piece: fx.GraphModule) -> bool:
     """Whether a piece launches anything: a views-only piece would capture an empty
-    graph (useless, and torch warns), so its region runs it as is."""
-    return any(n.op == "call_function" and not is_view(n) for n in piece.graph.nodes)
+    graph (useless, and torch warns), so its region runs it as is.  A piece that is one
+    call of a shared step (``step_share``) launches what the step does."""
+    return any((n.op == "call_function" and not is_view(n))
+               or (n.op == "call_module" and launches_kernels(piece.get_submodule(n.target)))
+               for n in piece.graph.nodes)
 
 
 def written_placeholders(piece: fx.GraphModule) -> list[bool]:
     """Per placeholder of ``piece``: does an op write into it (or into a view of it)?"""
-    written = {view_root(w) for n in piece.graph.nodes if n.op == "call_function" for w in written_args(n)}
+    written = {view_root(w) for n in piece.graph.nodes if n.op in ("call_function", "call_module")
+               for w in written_args(n)}  # a shared step's call: what its summary says it writes
     return [n in written for n in piece.graph.nodes if n.op == "placeholder"]
 
 

@@ -140,6 +140,13 @@ def _call_verdict(node: fx.Node, device_type: str | None) -> NodeVerdict:
     return NodeVerdict(node.name, True, "a shared step's call (every op in it capturable)")
 
 
+def repeated_calls(gm: fx.GraphModule) -> set[fx.Node]:
+    """The ``call_module`` nodes of a submodule the graph calls more than once (a shared step)."""
+    calls = [n for n in gm.graph.nodes if n.op == "call_module" and call_summary(n) is not None]
+    targets = [n.target for n in calls]
+    return {n for n in calls if targets.count(n.target) > 1}
+
+
 @dataclasses.dataclass(frozen=True)
 class PartitionRecord:
     regions: tuple[tuple[str, bool, int], ...]  # (submodule name, capturable, node count)
@@ -160,16 +167,21 @@ class Partition(CadencePass):
     name = "partition"
 
     def __init__(self, device_type: str | None = "cuda", granularity: str = "chunk",
-                 boundary: Callable[[fx.Node], object] | None = None):
+                 boundary: Callable[[fx.Node], object] | None = None, calls_apart: bool = False):
         if granularity not in ("chunk", "step"):
             raise PassError(f"granularity must be 'chunk' or 'step', got {granularity!r}")
         if granularity == "step" and boundary is None:
             raise PassError("granularity='step' needs a boundary key (the adapter's step_boundary)")
         self.device_type, self.granularity, self.boundary = device_type, granularity, boundary
+        # each call of a module called more than once (a shared step) a region of its own, in
+        # chunk granularity too: capture records it once and replays it at every call
+        # (runtime.graphs.capture_entry); per step, every call is one already
+        self.calls_apart = calls_apart
 
     def call(self, gm: fx.GraphModule) -> PassResult:
         _alias_returned_constants(gm)
         verdicts = {n: capturability(n, self.device_type) for n in gm.graph.nodes}
+        apart = repeated_calls(gm) if self.calls_apart else set()
         part: dict[fx.Node, int] = {}
         current, prev = 0, None
         for node in gm.graph.nodes:
@@ -183,7 +195,7 @@ class Partition(CadencePass):
                 part[node] = part[node.args[0]]
                 continue
             key = (verdicts[node].capturable,
-                   self.boundary(node) if self.granularity == "step" else None)
+                   self.boundary(node) if self.granularity == "step" else node if node in apart else None)
             if prev is not None and key != prev:
                 current += 1
             part[node] = current
@@ -193,7 +205,11 @@ class Partition(CadencePass):
                 users = [u for u in node.users if u in part]
                 part[node] = min(part[u] for u in users) if users else 0
 
-        split = split_in_order(gm, part)
+        # a repeated call's own constant arguments (a flow step's time embedding, folded)
+        # come in as arguments: one graph can then serve every call, each call's copied in
+        lift = {a for c in apart for a in c.all_input_nodes
+                if a.op == "get_attr" and set(a.users) <= apart and _contiguous_tensor(gm, a)}
+        split = split_in_order(gm, part, lift)
         calls: dict[int, list[fx.Node]] = {}  # each piece's ops, grouped once
         for n, p in part.items():
             if n.op in ("call_function", "call_module"):
@@ -271,7 +287,13 @@ def _state_spans(gm: fx.GraphModule, part: dict[fx.Node, int]) -> dict:
     return {k: tuple(v) for k, v in spans.items()}
 
 
-def split_in_order(gm: fx.GraphModule, part: dict[fx.Node, int]) -> fx.GraphModule:
+def _contiguous_tensor(gm: fx.GraphModule, node: fx.Node) -> bool:
+    value = meta.attr(gm, node.target)
+    return isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter) and value.is_contiguous()
+
+
+def split_in_order(gm: fx.GraphModule, part: dict[fx.Node, int],
+                   lift: "set[fx.Node] | frozenset" = frozenset()) -> fx.GraphModule:
     """``gm`` as a parent that calls one submodule ``submod_<i>`` per partition, in order.
 
     What ``torch.fx.passes.split_module(gm, gm, part, keep_original_order=True)`` builds, with each
@@ -286,7 +308,9 @@ def split_in_order(gm: fx.GraphModule, part: dict[fx.Node, int]) -> fx.GraphModu
     also ends at the first one's end): each piece runs under the state its ops ran under.  A value
     leaves its piece when a node of another piece or the output uses it (one value: the
     piece returns it; several: a tuple, unpacked with ``getitem`` in the parent).  The
-    pieces and the parent generate their code when they first run.
+    pieces and the parent generate their code when they first run.  ``lift``: ``get_attr``
+    nodes the parent reads and hands to the pieces that use them as arguments instead
+    (a repeated call's small per-call constants, ``Partition(calls_apart=True)``).
     """
     cls = _graph_module_class()
     pieces: dict[int, list[fx.Node]] = {}
@@ -307,6 +331,11 @@ def split_in_order(gm: fx.GraphModule, part: dict[fx.Node, int]) -> fx.GraphModu
         if node.op == "placeholder":
             env[node] = parent.placeholder(node.target, type_expr=node.type)
             env[node].meta = dict(node.meta)
+    for node in [n for n in gm.graph.nodes if n in lift]:  # in graph order
+        name = node.target.replace(".", "_")
+        root.register_buffer(name, meta.attr(gm, node.target), persistent=False)
+        env[node] = parent.get_attr(name)
+        env[node].meta = dict(node.meta)
     for idx in sorted(pieces):
         graph, module, local, consts = fx.Graph(), torch.nn.Module(), {}, {}
         inputs: list[fx.Node] = []
@@ -340,7 +369,7 @@ def split_in_order(gm: fx.GraphModule, part: dict[fx.Node, int]) -> fx.GraphModu
         members = set(pieces[idx])
         for n in pieces[idx]:  # a parent input or another piece's result: a placeholder, first use first
             for a in n.all_input_nodes:
-                if a not in members and a.op != "get_attr" and a not in local:
+                if a not in members and (a.op != "get_attr" or a in lift) and a not in local:
                     local[a] = graph.placeholder(a.name)
                     local[a].meta = dict(a.meta)
                     inputs.append(a)

@@ -12,6 +12,17 @@ captured (shape, stride, dtype, device; the address of bound ones; the value of 
 python argument baked into the graph).  On any mismatch it runs the same piece
 eagerly instead and counts the reason in ``refusals``, which the session reports.
 
+One graph for a shared step's calls (``SHARE_CALLS``, off by default: see there): where
+an entry's regions are each one call of the same submodule (``passes/step_share``'s
+shared step: a flow decoder's later steps; ``Partition(calls_apart=True)`` puts each call
+in a region of its own, its per-call constants as arguments), ``capture_entry`` records
+the first and every later call replays that graph (``shared_regions``).  Each call reads its own slot of the step caches, arena
+memory at another address; the graph reads it through a static copy, made before each
+replay like any copied input (the same bytes, so the same results), while what the call
+writes (the step's scratch, one address for all calls) stays bound.  The calls share the
+graph's outputs too, so this holds only where every use of a call's outputs comes
+before the next call; otherwise each call records its own graph.
+
 Random draws (``GraphRng``): a session's graphs are captured with the default CUDA
 generator pointed at that session's own generator state, so they read their Philox
 seed and offset from device tensors of their own.  Before each replay the session's
@@ -29,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import os
 from typing import Any, Sequence
 
 import torch
@@ -37,6 +49,14 @@ from ..errors import CadenceError
 from ..plan import same_layout
 from . import collector
 from .interpret import run_piece
+
+
+#: record a shared step's call once per entry and replay it at every call (module docstring).
+#: Off unless ``CADENCE_FX_SHARED_CAPTURE=1`` (read at import): on the H200 (2026-12-03) the
+#: calls came apart and ran exact, but no call replayed another's graph yet (the regions'
+#: autocast nodes kept them from matching, fixed since on the CPU); until a GPU run shows the
+#: calls sharing, exact, and what a steady chunk pays, every call is recorded where it stands
+SHARE_CALLS = os.environ.get("CADENCE_FX_SHARED_CAPTURE", "0") == "1"
 
 
 class CaptureFailed(CadenceError, RuntimeError):
@@ -187,6 +207,8 @@ class CapturedRegion(torch.nn.Module):
         self.refusals: dict[str, int] = {}
         self.trivial = trivial  # views only (lowering decides): nothing to capture, the piece runs as is
         self.unwarmed_failure: str | None = None  # why a capture without warm-up failed (then retried warm)
+        self.leader: "CapturedRegion | None" = None  # a call of a shared step: the region whose graph it replays
+        self.copy_reads = False  # a shared call's leader: arena memory it only reads is copied in, not bound
         # the graphs of failed captures, kept as long as the region (see ``capture``)
         self.failed_graphs: list[torch.cuda.CUDAGraph] = []
 
@@ -201,7 +223,9 @@ class CapturedRegion(torch.nn.Module):
         if len(args) != len(self.bound):
             raise CaptureFailed(f"{self.name}: {len(args)} args, expected {len(self.bound)}")
         if arena_ptr is not None:
-            self.bound = tuple(b or (isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == arena_ptr)
+            written = [a for a, b in zip(args, self.bound) if b and isinstance(a, torch.Tensor)]
+            self.bound = tuple(b or (isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == arena_ptr
+                                     and not (self.copy_reads and _copyable(a, written)))
                                for a, b in zip(args, self.bound))
         for i, a in enumerate(args):
             if isinstance(a, (list, tuple, dict)):
@@ -240,6 +264,8 @@ class CapturedRegion(torch.nn.Module):
         self.graph, self.static_out = graph, out
 
     def check(self, args: Sequence[Any]) -> str | None:
+        if self.leader is not None:
+            return self.leader.check(args)
         if self.graph is None:
             return f"{self.name}: not captured"
         if len(args) != len(self.specs):
@@ -255,6 +281,8 @@ class CapturedRegion(torch.nn.Module):
         return None
 
     def forward(self, *args):
+        if self.leader is not None:  # a later call of a shared step: the first call's graph
+            return self.leader(*args)
         if self.trivial:
             return self.piece(*args)
         why = self.check(args)
@@ -308,10 +336,20 @@ def capture_entry(parent: torch.fx.GraphModule, args: Sequence[Any], pool, arena
     failed: dict[str, str] = {}
     stream = stream if stream is not None else torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
+    follows = shared_regions(parent) if SHARE_CALLS else {}
+    for name in set(follows.values()):
+        parent.get_submodule(name).copy_reads = True
 
     def call_module(mod, args_):
         if isinstance(mod, CapturedRegion) and mod.trivial:
             return mod.piece(*args_)  # views only (lowering said so): an empty capture would be useless
+        leader = parent.get_submodule(follows[mod.name]) if isinstance(mod, CapturedRegion) and mod.name in follows \
+            else None
+        if leader is not None and leader.graph is not None and leader.check(args_) is None:
+            mod.leader = leader  # replays the first call's graph (refused: its piece, eagerly, counted there)
+            out = mod(*args_)
+            torch.cuda.synchronize()
+            return out
         if isinstance(mod, CapturedRegion):
             # warm-up and capture walk the piece's graph (interpret.py): its code is never generated
             if not warm_up:
@@ -342,6 +380,90 @@ def capture_entry(parent: torch.fx.GraphModule, args: Sequence[Any], pool, arena
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
     return failed
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """The bytes ``t`` can touch: [first, last) of its storage's addresses."""
+    if t.numel() == 0:
+        return t.data_ptr(), t.data_ptr()
+    extent = 1 + sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()))
+    return t.data_ptr(), t.data_ptr() + extent * t.element_size()
+
+
+def _copyable(a: torch.Tensor, written: Sequence[torch.Tensor]) -> bool:
+    """May a region read arena tensor ``a`` through a static copy?  Not where it overlaps
+    memory the region writes (the copy would miss the write), nor where it is less aligned
+    than a fresh allocation (a library may pick another kernel by alignment)."""
+    lo, hi = _span(a)
+    return a.data_ptr() % 256 == 0 and not any(
+        w.untyped_storage().data_ptr() == a.untyped_storage().data_ptr() and _span(w)[0] < hi and lo < _span(w)[1]
+        for w in written)
+
+
+def _lone_call(piece: torch.nn.Module) -> tuple | None:
+    """A piece that is one call of a submodule and what goes with it (the items it
+    returns; dispatcher state a piece sets again at its start, such as the autocast a
+    flow runs under on CUDA): (the submodule, the piece's structure: every node's op,
+    target and arguments); None for a piece that reads a constant or calls no submodule."""
+    graph = getattr(piece, "graph", None)
+    if graph is None:
+        return None
+    index, shape, called = {}, [], None
+    for i, n in enumerate(graph.nodes):
+        index[n] = i
+        args = torch.fx.node.map_arg((n.args, n.kwargs), lambda a: ("node", index[a]))
+        if n.op == "call_module":
+            if called is not None:
+                return None
+            called = piece.get_submodule(n.target)
+            shape.append((n.op, None, repr(args)))
+        elif n.op == "get_attr":
+            return None
+        else:
+            shape.append((n.op, n.target if n.op != "placeholder" else None, repr(args)))
+    return None if called is None else (id(called), tuple(shape))
+
+
+def shared_regions(parent: torch.fx.GraphModule) -> dict[str, str]:
+    """``{region: the region whose graph it replays}``: of an entry's regions that are each
+    one call of the same submodule, alike (``_lone_call``), every one after the first,
+    where every use of each call's outputs comes before the next call.  A use is followed
+    through what may alias the outputs: items, eager pieces' results, and the results of a
+    region that writes into them; a region that takes them as a copied input ends it."""
+    nodes = list(parent.graph.nodes)
+    pos = {n: i for i, n in enumerate(nodes)}
+    groups: dict[tuple, list[torch.fx.Node]] = {}
+    for n in nodes:
+        if n.op != "call_module":
+            continue
+        mod = parent.get_submodule(n.target)
+        key = _lone_call(mod.piece) if isinstance(mod, CapturedRegion) and not mod.trivial else None
+        if key is not None:
+            groups.setdefault(key, []).append(n)
+
+    def dead_before(call: torch.fx.Node, nxt: torch.fx.Node) -> bool:
+        seen, todo = set(), [call]
+        while todo:
+            n = todo.pop()
+            for u in n.users:
+                if u in seen:
+                    continue
+                seen.add(u)
+                if u.op == "output" or pos[u] >= pos[nxt]:
+                    return False
+                if u.op == "call_module":
+                    mod = parent.get_submodule(u.target)
+                    if isinstance(mod, CapturedRegion) and not mod.trivial and not any(
+                            b for a, b in zip(u.args, mod.bound) if a is n):
+                        continue  # copied into that region's own buffer
+                todo.append(u)
+        return True
+
+    follows: dict[str, str] = {}
+    for calls in groups.values():
+        if len(calls) > 1 and all(dead_before(c, d) for c, d in zip(calls, calls[1:])):
+            follows.update({c.target: calls[0].target for c in calls[1:]})
+    return follows
 
 
 def _release_generator(pool, stream) -> "tuple[bool, torch.cuda.CUDAGraph]":

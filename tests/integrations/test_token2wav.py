@@ -220,10 +220,14 @@ def test_demo_writes_two_identical_wavs(released_default, tmp_path, capsys):
 
 @cuda
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_a_replayed_chunk_is_one_graph_and_exact(dtype):
+def test_a_replayed_chunk_is_one_graph_per_stretch_and_the_shared_calls_one_and_exact(dtype):
     """Rules SRc: istft's per-call host read is gone (passes.istft_check), so every catalog
-    entry is one captured graph, one launch per chunk, and stays bit-exact against stock."""
+    entry is captured whole, without an eager island: the four later flow steps' calls of
+    the shared step each a region of their own (``SHARE_CALLS``; else the entry is one
+    region), between them one graph per stretch, and the calls all replay the first
+    call's graph (recorded once per entry); every chunk bit-exact against stock."""
     from cadence_fx.lockstep import deterministic_protocol
+    from cadence_fx.runtime.graphs import SHARE_CALLS, CapturedRegion
     deterministic_protocol()
     flow, hift = s2.build_modules(0)
     tail = s2.Token2WavTail(flow.cuda(), hift.cuda(), n_timesteps=5, float16=dtype == "float16")
@@ -231,11 +235,19 @@ def test_a_replayed_chunk_is_one_graph_and_exact(dtype):
     prompt = s2.synthetic_prompt(20, seed=2, device="cuda")
     opt.set_stream_cache(*prompt)
     tail.set_stream_cache(*prompt)
+    regions = 2 * 4 + 1 if SHARE_CALLS else 1
     for idx, text in opt.session.executable.notes["rewrite"].items():
         parts = {p.split(": ", 1)[0]: p for p in text.split("; ") if ": " in p}
         istft = text[text.find("IstftWithoutHostRead"):text.find("Partition")]
         assert istft.startswith("IstftWithoutHostRead: 1 istft without host read"), (idx, istft)
-        assert parts.get("Partition", "").startswith("Partition: 1 region (1 capturable, 0 eager)"), (idx, parts)
+        assert parts.get("Partition", "").startswith(f"Partition: {regions} region{'s' if regions > 1 else ''} "
+                                                     f"({regions} capturable, 0 eager)"), (idx, parts)
+    for idx, program in opt.session._programs.items():
+        captured = [m for m in program.run.children() if isinstance(m, CapturedRegion)]
+        followers = [m for m in captured if m.leader is not None]
+        assert len(followers) == (3 if SHARE_CALLS else 0), idx  # steps 2..4 replay step 1's call
+        assert len({id(m.leader) for m in followers}) <= 1 and all(m.leader.graph is not None for m in followers)
+        assert all(m.graph is not None for m in captured if m.leader is None), idx
     report = compare_streams(tail, opt, s2.synthetic_chunks(6, final_tokens=5), torch.device("cuda"), seed=3)
     assert report["exact"], report["mismatches"]
     routes = [c["route"] for c in report["per_chunk"]]

@@ -1,0 +1,109 @@
+"""One graph for a shared step's calls (runtime.graphs, ``SHARE_CALLS``), on the CPU: which
+regions may replay the first call's graph, and which arena reads may go through a copy.
+The capture itself (CUDA) is checked on the released model in test_token2wav.py
+(``test_a_replayed_chunk_is_one_graph_per_stretch_and_the_shared_calls_one_and_exact``)."""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from cadence_fx import step as meta
+from cadence_fx.passes.lower_cudagraph import LowerCudaGraph
+from cadence_fx.passes.partition import Partition
+from cadence_fx.passes.step_share import share_calls
+from cadence_fx.runtime.graphs import CapturedRegion, _copyable, shared_regions
+
+
+class Est(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x, t, cache):
+        return torch.tanh(self.lin(x) * t + cache.sum(0))  # reads its cache slot, writes nothing
+
+
+class Flow(torch.nn.Module):
+    """Three flow steps, each reading its own cache slot; ``keep``: every step's output is
+    also returned at the end (alive after the next step: its graph cannot be shared)."""
+
+    def __init__(self, keep: bool = False, autocast: bool = False):
+        super().__init__()
+        self.est, self.keep, self.autocast = Est(), keep, autocast
+
+    def forward(self, x, caches):
+        if self.autocast:  # as a flow runs on CUDA: every piece sets it again at its start
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return self.steps(x, caches)
+        return self.steps(x, caches)
+
+    def steps(self, x, caches):
+        outs = []
+        for k in range(3):
+            t, slot = torch.full((1,), (k + 1) / 3), caches[k]  # per step: its time and its cache slot
+            with meta.scope("estimator"):
+                v = self.est(x, t, slot)
+            outs.append(v)
+            x = x + v
+        return (x, *outs) if self.keep else x
+
+
+def lowered(keep: bool = False, apart: bool = True, autocast: bool = False) -> torch.fx.GraphModule:
+    torch.manual_seed(0)
+    with torch.no_grad():
+        gm = make_fx(Flow(keep, autocast), pre_dispatch=True)(torch.randn(2, 4), torch.zeros(3, 5, 4))
+    gm, record = share_calls(gm, lambda n: "estimator" in meta.scopes(n))
+    assert record.shared
+    split = Partition(None, "chunk", calls_apart=apart)(gm).graph_module
+    return LowerCudaGraph(CapturedRegion)(split).graph_module
+
+
+def calls(parent) -> list[str]:
+    return [n.target for n in parent.graph.nodes if n.op == "call_module"
+            and any(m.op == "call_module" for m in parent.get_submodule(n.target).piece.graph.nodes)]
+
+
+def test_the_later_calls_replay_the_first_calls_graph():
+    parent = lowered()
+    names = calls(parent)
+    assert len(names) == 3  # every call a region of its own (chunk granularity, calls apart)
+    assert not any(parent.get_submodule(n).trivial for n in names)  # a call launches what its step does
+    assert shared_regions(parent) == {names[1]: names[0], names[2]: names[0]}
+
+
+def test_calls_under_autocast_share_too():
+    """Each region of a step traced under autocast sets it again at its start (partition's
+    dispatcher state): alike calls, alike pieces (the H200 found calls that did not share
+    before the structure key took those nodes in)."""
+    parent = lowered(autocast=True)
+    names = calls(parent)
+    assert len(names) == 3
+    assert any(m.op == "call_function" and m.target is not operator.getitem
+               for m in parent.get_submodule(names[0]).piece.graph.nodes)  # the autocast, set again
+    assert shared_regions(parent) == {names[1]: names[0], names[2]: names[0]}
+
+
+def test_calls_inside_one_chunk_region_are_recorded_where_they_stand():
+    parent = lowered(apart=False)
+    assert calls(parent) == [] or len(calls(parent)) == 1  # one piece holds the calls and what lies between
+    assert shared_regions(parent) == {}
+
+
+def test_a_call_whose_output_is_used_after_the_next_call_gets_its_own_graph():
+    parent = lowered(keep=True)
+    assert len(calls(parent)) == 3
+    assert shared_regions(parent) == {}  # the graph's outputs are alive at the end: sharing would overwrite them
+
+
+def test_an_arena_read_goes_through_a_copy_only_apart_from_writes_and_aligned():
+    base = torch.zeros(4096 + 64)
+    skip = (-base.data_ptr() % 256) // 4
+    arena = base[skip:skip + 4096]  # starts 256-byte aligned, as a device allocation does
+    slot, scratch = arena[:1024].view(16, 64), arena[2048:3072]
+    assert _copyable(slot, [scratch])
+    assert not _copyable(slot, [arena[1000:1100]])  # overlaps a write: the copy would miss it
+    assert not _copyable(arena[1:1025], [scratch])  # 4 bytes past an aligned start: another kernel may run
+    assert _copyable(slot, [torch.zeros(8)])  # a write elsewhere (another storage)
