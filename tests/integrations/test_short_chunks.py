@@ -33,6 +33,8 @@ def test_short_windows_and_a_one_token_flush_are_exact(t2w):
     assert report["pcm_sha256_stock"] == report["pcm_sha256_optimized"]
     # the flush left the encoder's conv carry at 5 frames: no chunk can follow, in stock either
     assert t2w.opt.state()["conformer_cnn_cache"].shape == (1, 512, 5)
+    # the mini model's encoder keeps 1 + 1 layers of K|V: the declaration read them off the model
+    assert t2w.opt.state()["conformer_att_cache"].shape[0] == 2 == t2w.tail.state()["conformer_att_cache"].shape[0]
     state = {k: v.clone() for k, v in t2w.opt.state().items()}
     with pytest.raises(InputError, match="cannot take another chunk"):
         t2w.opt.stream(full[1][0])
