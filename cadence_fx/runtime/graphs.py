@@ -393,9 +393,10 @@ def _span(t: torch.Tensor) -> tuple[int, int]:
 def _copyable(a: torch.Tensor, written: Sequence[torch.Tensor]) -> bool:
     """May a region read arena tensor ``a`` through a static copy?  Not where it overlaps
     memory the region writes (the copy would miss the write), nor where it is less aligned
-    than a fresh allocation (a library may pick another kernel by alignment)."""
+    than a fresh allocation (a library may pick another kernel by alignment: the copy is
+    a fresh allocation, 256-byte aligned on CUDA here, 64 on the CPU)."""
     lo, hi = _span(a)
-    return a.data_ptr() % 256 == 0 and not any(
+    return a.data_ptr() % (256 if a.is_cuda else 64) == 0 and not any(
         w.untyped_storage().data_ptr() == a.untyped_storage().data_ptr() and _span(w)[0] < hi and lo < _span(w)[1]
         for w in written)
 

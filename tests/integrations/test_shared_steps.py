@@ -45,3 +45,60 @@ def test_three_steps_share_one_step_through_voices_flushes_and_a_reset():
         assert again["exact"], again["mismatches"]
         assert session.stats()["specializations"]["built"] == 1  # the flush's program
         session.close()
+
+
+@torch.inference_mode()  # as the drop-in steps (its arena is made under it)
+def test_captured_the_later_calls_replay_one_graph_and_compute_what_the_program_computes(monkeypatch):
+    """``SHARE_CALLS`` on the mini model's real entries, with capture and replay faked on
+    the CPU (helpers/fake_capture.py): each entry's rule-S graph through the replay passes
+    with the calls apart; the second later step's call replays the first's graph, its
+    cache slot read through the copy, the step's scratch bound.  A stream from the voice's
+    set-up (entries 0, 1, 2, 2: warm-up, growth, trim, steady): every chunk's waveform and
+    the whole arena after it are what the rule-S graphs compute from the same state and draws."""
+    from cadence_fx.passes.istft_check import IstftWithoutHostRead
+    from cadence_fx.passes.lower_cudagraph import LowerCudaGraph
+    from cadence_fx.passes.partition import Partition
+    from cadence_fx.runtime.graphs import CapturedRegion, capture_entry, fresh_regions
+
+    from helpers.fake_capture import fake_capture, flat
+    tail = mini_tail(n_timesteps=3, seed=5)
+    opt = cadence_fx.optimize(tail)
+    prompt = s2.synthetic_prompt(11, seed=5)
+    stream = opt.open_session(*prompt)
+    session = stream.session
+    exe, arena = session.executable, session.arena.storage
+    set_up = arena.clone()
+    fake_capture(monkeypatch)
+    captured = {}
+    for idx, program in sorted(exe.programs.items()):
+        graph = torch.fx.Graph()
+        graph.output(graph.graph_copy(program.run.graph, {}))
+        gm = torch.fx.GraphModule(program.run, graph)
+        IstftWithoutHostRead()(gm)
+        parent = LowerCudaGraph(CapturedRegion)(Partition(None, "chunk", calls_apart=True)(gm).graph_module).graph_module
+        regions = fresh_regions(parent)
+        example = opt.adapter_for(int(prompt[1].shape[1]), prompt[2]).example_inputs()
+        with torch.random.fork_rng():
+            assert capture_entry(regions, [example[n] for n in exe.inputs] + session._state_args(program), "pool",
+                                 session._bound_storage()) == {}
+        arena.copy_(set_up)  # capture ran the entry on the arena
+        calls = [m for m in regions.children() if isinstance(m, CapturedRegion)
+                 and any(n.op == "call_module" for n in m.piece.graph.nodes)]
+        assert len(calls) == 2 and calls[1].leader is calls[0] and calls[0].copy_reads, idx
+        assert not all(calls[0].bound) and any(calls[0].bound)  # the slot copied, the scratch bound
+        captured[idx] = regions
+    for k, idx in enumerate([0, 1, 2, 2]):
+        program = exe.programs[idx]
+        tokens = torch.tensor([s2.synthetic_chunks(1, seed=40 + k)[0][0]], dtype=torch.int32)
+        args = [{"token": tokens, "spk": prompt[2]}[n] for n in exe.inputs] + session._state_args(program)
+        before = arena.clone()
+        torch.manual_seed(k)
+        want = [t.clone() for t in flat(program.run(*args))]
+        want_arena = arena.clone()
+        assert all(torch.isfinite(w).all() for w in want), k
+        arena.copy_(before)
+        torch.manual_seed(k)
+        got = flat(captured[idx](*args))
+        assert all(torch.equal(w, g) for w, g in zip(want, got)), k
+        assert torch.equal(arena, want_arena), k
+    stream.close()

@@ -1,12 +1,16 @@
 """One graph for a shared step's calls (runtime.graphs, ``SHARE_CALLS``), on the CPU: which
 regions may replay the first call's graph, and which arena reads may go through a copy.
-The capture itself (CUDA) is checked on the released model in test_token2wav.py
-(``test_a_replayed_chunk_is_one_graph_per_stretch_and_the_shared_calls_one_and_exact``)."""
+Capture and replay faked on the CPU (helpers/fake_capture.py: a "graph" re-runs its piece
+on the tensors it was captured on) check what replaying one call's graph for the others
+computes; on CUDA, the released model's test is in test_token2wav.py
+(``test_a_replayed_chunk_is_one_graph_per_stretch_and_the_shared_calls_one_and_exact``,
+with ``CADENCE_FX_SHARED_CAPTURE=1``)."""
 
 from __future__ import annotations
 
 import operator
 
+import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -15,6 +19,8 @@ from cadence_fx.passes.lower_cudagraph import LowerCudaGraph
 from cadence_fx.passes.partition import Partition
 from cadence_fx.passes.step_share import share_calls
 from cadence_fx.runtime.graphs import CapturedRegion, _copyable, shared_regions
+
+from helpers.fake_capture import fake_capture, flat
 
 
 class Est(torch.nn.Module):
@@ -106,4 +112,43 @@ def test_an_arena_read_goes_through_a_copy_only_apart_from_writes_and_aligned():
     assert _copyable(slot, [scratch])
     assert not _copyable(slot, [arena[1000:1100]])  # overlaps a write: the copy would miss it
     assert not _copyable(arena[1:1025], [scratch])  # 4 bytes past an aligned start: another kernel may run
+    assert _copyable(arena[16:1040], [scratch])  # 64 bytes past: a fresh CPU allocation's alignment
     assert _copyable(slot, [torch.zeros(8)])  # a write elsewhere (another storage)
+
+
+@pytest.fixture
+def recording_cuda(monkeypatch):
+    fake_capture(monkeypatch)
+
+
+@pytest.mark.parametrize("keep", [False, True])
+@torch.no_grad()
+def test_replaying_the_first_calls_graph_computes_what_each_call_computes(recording_cuda, keep):
+    """Captured (faked on the CPU as above) and replayed on other inputs: the later calls
+    replay the first call's graph, each reading its own cache slot through the copy, and
+    every output is what the uncaptured pieces compute; where a call's output lives on
+    (``keep``) each call has its own graph, with the same results."""
+    from cadence_fx.runtime.graphs import capture_entry, fresh_regions
+    parent = lowered(keep=keep)
+    names = calls(parent)
+    base = torch.zeros(3 * 5 * 4 * 16 + 64)
+    skip = (-base.data_ptr() % 256) // 4
+    caches = base[skip:skip + 3 * 5 * 4 * 16].view(3, 5, 4, 16)[..., 0]  # the "arena"'s slots, 256-byte aligned
+    ptr = caches.untyped_storage().data_ptr()
+    session = fresh_regions(parent)
+    assert capture_entry(session, [torch.randn(2, 4), caches], "pool", ptr) == {}
+    regions = [session.get_submodule(n) for n in names]
+    if keep:
+        assert all(r.leader is None and r.graph is not None for r in regions)
+    else:
+        assert regions[0].leader is None and regions[1].leader is regions[0] is regions[2].leader
+        assert regions[0].copy_reads and not all(regions[0].bound)  # the slot: a static copy
+    for trial in range(3):  # new values in the same memory: what a replay meets
+        x = torch.randn(2, 4)
+        caches.copy_(torch.randn(3, 5, 4))
+        want = fresh_regions(parent)(x, caches)  # every piece run as it stands, uncaptured
+        got = session(x, caches)
+        for w, g in zip(flat(want), flat(got)):
+            assert torch.equal(w, g), trial
+    # shared: the later calls' replays at capture (their outputs feed what follows) and 3 a trial
+    assert regions[0].replays == (3 if keep else 2 + 3 * 3)

@@ -1,0 +1,61 @@
+"""CUDA-graph capture and replay faked on the CPU, as a graph behaves for the runtime:
+capture records the piece and the very tensors it ran on; ``replay`` runs the piece again
+on them and writes the results into the outputs capture returned (a graph's static
+outputs).  ``fake_capture(monkeypatch)`` installs it (and no-op streams) for one test."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+
+class Recorded:
+    """Stands for ``torch.cuda.CUDAGraph``."""
+
+    capturing: "Recorded | None" = None
+
+    def replay(self):
+        out = self.run(self.piece, self.args)
+        for static, new in zip(flat(self.out), flat(out)):
+            static.copy_(new)
+
+
+def flat(out):
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def fake_capture(monkeypatch, share: bool = True) -> None:
+    from cadence_fx.runtime import graphs
+    real_run = graphs.run_piece
+
+    def run_piece(piece, args):
+        out = real_run(piece, args)
+        graph = Recorded.capturing
+        if graph is not None:  # inside a capture: what the graph will replay
+            graph.piece, graph.args, graph.out, graph.run = piece, list(args), out, real_run
+        return out
+
+    @contextlib.contextmanager
+    def graph(cuda_graph, pool=None, stream=None):
+        Recorded.capturing = cuda_graph
+        try:
+            yield
+        finally:
+            Recorded.capturing = None
+
+    class Stream:
+        def __init__(self, *a, **k):
+            pass
+
+        def wait_stream(self, other):
+            pass
+
+    monkeypatch.setattr(graphs, "run_piece", run_piece)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Recorded)
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: Stream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(graphs, "SHARE_CALLS", share)
