@@ -65,34 +65,38 @@ def upstream_modules() -> dict[str, Any]:
     }
 
 
-def build_modules(seed: int = 0, checkpoint: str | None = None) -> tuple[torch.nn.Module, torch.nn.Module]:
+def build_modules(seed: int = 0, checkpoint: str | None = None, *, encoder_blocks: tuple[int, int] = (6, 4),
+                  dit_depth: int = 16, hift_channels: int = 512) -> tuple[torch.nn.Module, torch.nn.Module]:
     """Flow and HiFT at the released configuration (fp32, CPU, eval mode).
 
     Weights: ``checkpoint`` (a directory holding upstream's flow.pt and hift.pt) or
     seeded random.  Upstream zero-initialises the DiT adaLN and final layers, which
     makes the estimator output exactly zero; we re-randomise them so every kernel
-    does real work.
+    does real work.  ``encoder_blocks`` (conformer blocks before and after the
+    upsampling), ``dit_depth`` and ``hift_channels`` (HiFT's base channels) give other
+    sizes of upstream's architecture (the released ones by default); the DiT's width,
+    heads and cache buffers stay upstream's, which hard-codes them.
     """
     up = upstream_modules()
     gen_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
         encoder = up["UpsampleConformerEncoderV2"](
-            input_size=512, output_size=512, pre_lookahead_len=3, num_blocks=6,
-            num_up_blocks=4, up_stride=2, up_scale_factor=2, attention_heads=8,
+            input_size=512, output_size=512, pre_lookahead_len=3, num_blocks=encoder_blocks[0],
+            num_up_blocks=encoder_blocks[1], up_stride=2, up_scale_factor=2, attention_heads=8,
             pos_enc_layer_type="rel_pos_espnet", selfattention_layer_type="rel_selfattn",
             key_bias=True, linear_units=2048, dropout_rate=0.1,
             positional_dropout_rate=0.1, attention_dropout_rate=0.1,
             normalize_before=True, activation_type="swish",
         )
-        estimator = up["DiT"](in_channels=320, out_channels=80, mlp_ratio=4.0, depth=16,
+        estimator = up["DiT"](in_channels=320, out_channels=80, mlp_ratio=4.0, depth=dit_depth,
                               num_heads=8, head_dim=64, hidden_size=512)
         decoder = up["CausalConditionalCFM"](estimator=estimator, inference_cfg_rate=0.7)
         flow = up["CausalMaskedDiffWithXvec"](
             input_size=512, output_size=80, spk_embed_dim=192, output_type="mel",
             vocab_size=VOCAB, encoder=encoder, decoder=decoder,
         )
-        hift = up["HiFTGenerator"]()
+        hift = up["HiFTGenerator"](base_channels=hift_channels)
         if checkpoint is None:
             with torch.no_grad():
                 for block in estimator.blocks:
