@@ -223,9 +223,10 @@ class CapturedRegion(torch.nn.Module):
         if len(args) != len(self.bound):
             raise CaptureFailed(f"{self.name}: {len(args)} args, expected {len(self.bound)}")
         if arena_ptr is not None:
-            written = [a for a, b in zip(args, self.bound) if b and isinstance(a, torch.Tensor)]
+            written = [a for a, b in zip(args, self.bound) if b and isinstance(a, torch.Tensor)] \
+                if self.copy_reads else None  # None: every arena argument bound
             self.bound = tuple(b or (isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == arena_ptr
-                                     and not (self.copy_reads and _copyable(a, written)))
+                                     and not (written is not None and _copyable(a, written)))
                                for a, b in zip(args, self.bound))
         for i, a in enumerate(args):
             if isinstance(a, (list, tuple, dict)):
@@ -395,10 +396,11 @@ def _copyable(a: torch.Tensor, written: Sequence[torch.Tensor]) -> bool:
     memory the region writes (the copy would miss the write), nor where it is less aligned
     than a fresh allocation (a library may pick another kernel by alignment: the copy is
     a fresh allocation, 256-byte aligned on CUDA here, 64 on the CPU)."""
+    if a.data_ptr() % (256 if a.is_cuda else 64):
+        return False
     lo, hi = _span(a)
-    return a.data_ptr() % (256 if a.is_cuda else 64) == 0 and not any(
-        w.untyped_storage().data_ptr() == a.untyped_storage().data_ptr() and _span(w)[0] < hi and lo < _span(w)[1]
-        for w in written)
+    same = [w for w in written if w.untyped_storage().data_ptr() == a.untyped_storage().data_ptr()]
+    return not any(w_lo < hi and lo < w_hi for w_lo, w_hi in map(_span, same))
 
 
 def _lone_call(piece: torch.nn.Module) -> tuple | None:

@@ -19,7 +19,13 @@ from cadence_fx.tools.serve import sim, soak
 from helpers import mini_token2wav as mini
 from helpers.mini_token2wav import mini_tail
 
-STEPS = 2  # flow-matching steps of the shared ``t2w`` fixture
+STEPS = 2  # flow-matching steps of the shared ``t2w_mini`` fixture
+
+
+@pytest.fixture(scope="module")
+def t2w(t2w_mini):
+    """This file's Token2Wav is the mini one (tests/conftest.py ``t2w_mini``)."""
+    return t2w_mini
 HOOKS = registry.get("token2wav").serve
 
 
@@ -63,10 +69,9 @@ def test_serve_sim_cli_arguments():
     assert e.value.code == 0
 
 
-def test_serve_sim_tiny_run_is_exact_and_reports_the_schema(t2w_mini):
+def test_serve_sim_tiny_run_is_exact_and_reports_the_schema(t2w):
     """N = 2 sessions, 2 ticks, speak-heavy: each optimized session's PCM is its stock
     counterpart's (one stock tail per session, as upstream serves)."""
-    t2w = t2w_mini
     tail = t2w.tail
 
     def make_stock(i):
@@ -93,8 +98,7 @@ def test_serve_sim_tiny_run_is_exact_and_reports_the_schema(t2w_mini):
     assert "max_sessions_holding_cadence" not in report
 
 
-def test_serve_sim_sweep_stops_at_the_first_miss(t2w_mini, tmp_path):
-    t2w = t2w_mini
+def test_serve_sim_sweep_stops_at_the_first_miss(t2w, tmp_path):
     cfg = sim.SimConfig(seconds=1, warmup_ticks=0, budget_ms=1e-3)  # nothing holds a 1 us budget
     report = sim.serve_sim_report(make_optimized=lambda: t2w.opt, make_stock=None,
                                     make_prompt=lambda i: s2.synthetic_prompt(5, seed=30 + i), hooks=HOOKS,
@@ -107,10 +111,9 @@ def test_serve_sim_sweep_stops_at_the_first_miss(t2w_mini, tmp_path):
     assert png is None or (tmp_path / "sweep.png").stat().st_size > 0
 
 
-def test_a_sweep_checks_every_session_at_every_n_against_stock_alone(t2w_mini):
+def test_a_sweep_checks_every_session_at_every_n_against_stock_alone(t2w):
     """Each point keeps every session's PCM hash; ``check_sweep`` replays each session on a
     stock model of its own and compares at every N.  A stock model of other weights fails it."""
-    t2w = t2w_mini
     tail = t2w.tail
 
     def make_stock(i):
@@ -129,8 +132,7 @@ def test_a_sweep_checks_every_session_at_every_n_against_stock_alone(t2w_mini):
                            cfg, HOOKS.tokens(None)) is False
 
 
-def test_a_sweep_at_given_points_opens_the_sessions_each_point_adds(t2w_mini):
-    t2w = t2w_mini
+def test_a_sweep_at_given_points_opens_the_sessions_each_point_adds(t2w):
     cfg = sim.SimConfig(seconds=1, warmup_ticks=0, budget_ms=1e9)
     report = sim.serve_sim_report(make_optimized=lambda: t2w.opt, make_stock=lambda i: t2w.tail,
                                     make_prompt=lambda i: s2.synthetic_prompt(5, seed=50 + i), hooks=HOOKS,
@@ -148,7 +150,7 @@ def test_a_sweep_at_given_points_opens_the_sessions_each_point_adds(t2w_mini):
         cli.main(["serve-sim", "--sweep", "--sweep-points", "2,x"])
 
 
-def test_the_exactness_check_in_worker_processes_hashes_what_one_process_does(t2w_mini, monkeypatch):
+def test_the_exactness_check_in_worker_processes_hashes_what_one_process_does(t2w, monkeypatch):
     """``--check-workers``: each spawned process builds the model from the command's
     options and replays whole sessions on stock; its hashes are the parent's, bit for bit
     (same weights, same thread count), and a session's chunks hash differently.  The
@@ -163,8 +165,8 @@ def test_the_exactness_check_in_worker_processes_hashes_what_one_process_does(t2
     try:
         mini.register()  # here; the spawned workers register it by importing what the variable names
         spec = registry.get(mini.MODEL)
-        jobs = [(0, 2), (1, 1)]  # t2w_mini.tail is what --seed 0 --n-timesteps 2 builds; one stream at a time
-        here = [sim.stock_prefixes(t2w_mini.tail, spec.serve.prompt(args, i, torch.device("cpu")), cfg,
+        jobs = [(0, 2), (1, 1)]  # t2w.tail is what --seed 0 --n-timesteps 2 builds; one stream at a time
+        here = [sim.stock_prefixes(t2w.tail, spec.serve.prompt(args, i, torch.device("cpu")), cfg,
                                    HOOKS.tokens(None), i, upto) for i, upto in jobs]
         there = check.in_processes(args, cfg, workers=2)(jobs)
     finally:
@@ -180,8 +182,7 @@ def test_a_model_module_that_cannot_be_imported_is_named(monkeypatch):
 
 
 # ------------------------------------------------------------------------- soak
-def test_soak_checkpoints_are_exact_against_stock_from_the_session_state(t2w_mini):
-    t2w = t2w_mini
+def test_soak_checkpoints_are_exact_against_stock_from_the_session_state(t2w):
     prompt = s2.synthetic_prompt(5, seed=40)
     report = soak.soak(t2w.opt, t2w.tail, prompt, HOOKS, chunks=7, check_every=3, seed=2)
     json.dumps(report)
@@ -192,9 +193,8 @@ def test_soak_checkpoints_are_exact_against_stock_from_the_session_state(t2w_min
     assert report["arena_bytes"] > 0 and report["chunk_ms"]["p50"] > 0
 
 
-def test_soak_check_detects_a_different_chunk(t2w_mini, monkeypatch):
+def test_soak_check_detects_a_different_chunk(t2w, monkeypatch):
     """The checkpoint is not vacuous: stock run from another generator state differs."""
-    t2w = t2w_mini
     session = t2w.opt.open_session(*s2.synthetic_prompt(5, seed=41))
     real, seeds = torch.manual_seed, iter([1, 2])  # stock draws from seed 1, the session from seed 2
     monkeypatch.setattr(torch, "manual_seed", lambda s: real(next(seeds)))
