@@ -52,10 +52,12 @@ from .interpret import run_piece
 
 
 #: record a shared step's call once per entry and replay it at every call (module docstring).
-#: Off unless ``CADENCE_FX_SHARED_CAPTURE=1`` (read at import): on the H200 (2026-12-03) the
-#: calls came apart and ran exact, but no call replayed another's graph yet (the regions'
-#: autocast nodes kept them from matching, fixed since on the CPU); until a GPU run shows the
-#: calls sharing, exact, and what a steady chunk pays, every call is recorded where it stands
+#: Off unless ``CADENCE_FX_SHARED_CAPTURE=1`` (read at import).  On the H200 (2026-12-03,
+#: docs/results/h200-2026-12-03-session27) it is exact and halves a 10-step entry's capture
+#: (2.52 -> 1.24 s, three entries at 250 prompt tokens) at x1.007 a steady chunk, but each
+#: session then holds a static copy of a call's cache slot per entry (217 MB at 250 tokens)
+#: and a new length's ready time did not move past the run-to-run spread (3.3-4.5 s): the
+#: memory is not yet paid back, so every call is recorded where it stands by default
 SHARE_CALLS = os.environ.get("CADENCE_FX_SHARED_CAPTURE", "0") == "1"
 
 
@@ -341,6 +343,13 @@ def capture_entry(parent: torch.fx.GraphModule, args: Sequence[Any], pool, arena
     for name in set(follows.values()):
         parent.get_submodule(name).copy_reads = True
 
+    def pool_for(mod: CapturedRegion):
+        # A shared call's first graph replays again after regions captured later: in the
+        # session's pool, those may hold live tensors (the flow's x between steps) where its
+        # intermediates were, and its replay would overwrite them.  It records into a pool
+        # of its own, which nothing else allocates from.
+        return torch.cuda.graph_pool_handle() if mod.copy_reads else pool
+
     def call_module(mod, args_):
         if isinstance(mod, CapturedRegion) and mod.trivial:
             return mod.piece(*args_)  # views only (lowering said so): an empty capture would be useless
@@ -355,7 +364,7 @@ def capture_entry(parent: torch.fx.GraphModule, args: Sequence[Any], pool, arena
             # warm-up and capture walk the piece's graph (interpret.py): its code is never generated
             if not warm_up:
                 try:
-                    mod.capture(args_, pool, stream, arena_ptr)
+                    mod.capture(args_, pool_for(mod), stream, arena_ptr)
                 except CaptureFailed as e:  # perhaps a first-use initialization: warm up, then again
                     mod.unwarmed_failure = str(e)
                 else:
@@ -366,7 +375,7 @@ def capture_entry(parent: torch.fx.GraphModule, args: Sequence[Any], pool, arena
             out = run_piece(mod.piece, args_)
             torch.cuda.synchronize()
             try:
-                mod.capture(args_, pool, stream, arena_ptr)
+                mod.capture(args_, pool_for(mod), stream, arena_ptr)
                 mod.launch()  # the first launch uploads the graph: here, not in the session's first chunks
             except CaptureFailed as e:  # mod.graph stays None: every call runs the piece, counted
                 failed[mod.name] = str(e)

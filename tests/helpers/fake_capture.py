@@ -38,6 +38,7 @@ def fake_capture(monkeypatch, share: bool = True) -> None:
 
     @contextlib.contextmanager
     def graph(cuda_graph, pool=None, stream=None):
+        cuda_graph.pool = pool  # the memory pool it records into (a test reads which)
         Recorded.capturing = cuda_graph
         try:
             yield
@@ -58,4 +59,5 @@ def fake_capture(monkeypatch, share: bool = True) -> None:
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: Stream())
     monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: object())  # a new pool: a new handle
     monkeypatch.setattr(graphs, "SHARE_CALLS", share)

@@ -143,6 +143,11 @@ def test_replaying_the_first_calls_graph_computes_what_each_call_computes(record
     else:
         assert regions[0].leader is None and regions[1].leader is regions[0] is regions[2].leader
         assert regions[0].copy_reads and not all(regions[0].bound)  # the slot: a static copy
+        # its graph replays after regions recorded later: in the session's pool their live
+        # tensors may sit where its intermediates were; it records into a pool of its own
+        pools = [r.graph.pool for r in session.children() if isinstance(r, CapturedRegion) and r.graph is not None]
+        assert regions[0].graph.pool != "pool" and pools.count(regions[0].graph.pool) == 1
+        assert pools.count("pool") == len(pools) - 1
     for trial in range(3):  # new values in the same memory: what a replay meets
         x = torch.randn(2, 4)
         caches.copy_(torch.randn(3, 5, 4))
