@@ -105,8 +105,13 @@ def test_verify_cli_rule_s_default_configuration_is_exact(released_default, caps
 
 
 def test_ten_steps_other_prompt_and_seed_with_a_flush_chunk_is_exact():
-    flow, hift = s2.build_modules(seed=3)
-    tail = s2.Token2WavTail(flow, hift, n_timesteps=10)
+    """Ten flow steps (nine calls of one shared step), seed 3, a 7-token prompt and a flush,
+    then a second stream on the same graphs.  On the mini Token2Wav (helpers/mini_token2wav.py:
+    upstream's classes, 2 DiT blocks): what ten steps change is how many times the step is
+    called and at which times, not the blocks inside it; the released model runs ten steps on
+    the GPU (``test_replay_rules_are_exact_on_cuda``'s 10-step cells, test_upstream_token2wav)."""
+    from helpers.mini_token2wav import mini_tail
+    tail = mini_tail(n_timesteps=10, seed=3)
     pt, pm, spk = s2.synthetic_prompt(7, seed=3)
     opt = cadence_fx.optimize(tail)
     opt.set_stream_cache(pt, pm, spk)
@@ -119,6 +124,7 @@ def test_ten_steps_other_prompt_and_seed_with_a_flush_chunk_is_exact():
     assert stats["fallbacks"] == {"flags last_chunk outside the catalog (eager)": 1}
     assert sum(stats["graph_runs"].values()) == 6
     # the state after the flush is upstream's, trimmed to prompt + 100 frames
+    # (upstream's cache buffer holds 16 blocks whatever the depth: helpers/mini_token2wav.py)
     assert opt.state()["estimator_att_cache"].shape == (10, 16, 2, 8, 14 + 100, 128)
     # a second stream of the same prompt length reuses the graphs and is exact again
     opt.set_stream_cache(pt, pm, spk)
