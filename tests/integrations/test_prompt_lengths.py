@@ -5,9 +5,9 @@ with ``prompt_frames`` symbolic; every later prompt length is a specialization. 
 length streams warm-up, growth, trim, steady state and a flush, bit-exact against stock
 (on ``t2w_mini``: the mechanism, through both of Token2Wav's branch classes of the prompt
 length and a background build; the released model streams specialized lengths exactly
-in test_token2wav.py and test_disk_cache.py), and the specialized steady-state graph is,
-op for op, the graph a concrete trace records at that length; on the released ``t2w``,
-the region walk logs what a run logs.
+in test_token2wav.py and test_disk_cache.py), the specialized steady-state graph is, op
+for op, the graph a concrete trace records at that length, and the region walk logs what
+a run logs (the mini model's graphs: the released one's blocks, fewer of them).
 """
 
 from __future__ import annotations
@@ -111,8 +111,9 @@ def test_specialized_graph_is_the_concrete_trace_op_for_op(t2w_mini):
         assert a[i][1] == b[i][1] == "aten.to.dtype_layout" and a[i][4] == b[i][4]
 
 
-def test_region_walk_logs_what_a_run_logs_on_the_released_model(t2w):
+def test_region_walk_logs_what_a_run_logs(t2w_mini):
     """The hazard check's region-only walk against running the rewritten graph, per entry."""
+    t2w = t2w_mini
     from cadence_fx import step as meta
     from cadence_fx.passes import aliasing
     _traced(t2w)
