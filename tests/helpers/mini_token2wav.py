@@ -4,16 +4,16 @@ The mechanics tests (background builds, many sessions, serving and Ray, serve-si
 soak, traffic, turns, short chunks, the CLI's registry, prompt-length specialization,
 shared steps, ten flow steps with a flush, the region walk) check what the library does
 around a model: when it traces, specializes, falls back, resets, batches and routes,
-every chunk against the stock tail.  None of that depends on the model's depth or widths, only on its streaming structure, which
-this model keeps: upstream's own classes (``stepaudio2-minicpmo``), the encoder's
-pre-lookahead and 2x upsampling, the DiT's width, heads and cache buffers (upstream
-hard-codes them), HiFT's rates and iSTFT; so the same clocks, frame arithmetic, catalog,
-trims and branch classes of the prompt length.  ``MINI`` is what it changes: one
-conformer block on each side of the upsampling (the declaration reads the count from
-the model), two DiT blocks of sixteen and narrower HiFT channels, which make a CPU chunk
-several times cheaper.  The released configuration itself is what the model's own tests
-check (test_token2wav but its ten-step test, test_disk_cache, test_misuse, every CUDA
-test, the demo).
+every chunk against the stock tail. None of that depends on the model's depth or widths,
+only on its streaming structure, which this model keeps: upstream's own classes
+(``stepaudio2-minicpmo``), the encoder's pre-lookahead and 2x upsampling, the DiT's
+width, heads and cache buffers (upstream hard-codes them), HiFT's rates and iSTFT; so
+the same clocks, frame arithmetic, catalog, trims and branch classes of the prompt
+length. ``MINI`` is what it changes: one conformer block on each side of the upsampling
+(the declaration reads the count from the model), two DiT blocks of sixteen and narrower
+HiFT channels, which make a CPU chunk several times cheaper. The released configuration
+itself is what the model's own tests check (test_token2wav but its ten-step test,
+test_disk_cache, test_misuse, every CUDA test, the demo).
 
 Built by ``s2.build_modules`` at ``MINI``'s sizes, seeded as the released one is (the
 DiT's zero-initialised adaLN and final layers re-randomised, so every kernel does real
