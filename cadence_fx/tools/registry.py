@@ -152,6 +152,11 @@ def reuse_built_models(on: bool = True) -> None:
     _reuse = {} if on else None
 
 
+def kept_models() -> list:
+    """What ``reuse_built_models`` keeps now (stock models and optimized ones), oldest first."""
+    return list(_reuse.values()) if _reuse else []
+
+
 def _kept(key: tuple, make: Callable[[], Any]) -> Any:
     if _reuse is None:
         return make()

@@ -102,6 +102,14 @@ def test_verify_cli_rule_s_default_configuration_is_exact(released_default, caps
     assert routes[:3] == ["graph entry 0", "graph entry 1", "graph entry 2"]
     assert set(routes[3:]) == {"graph entry 2"}  # trim and steady state stay on the steady entry
     assert report["pcm_sha256_stock"] == report["pcm_sha256_optimized"]
+    # the released model's flow steps 1..4 of each entry's symbolic program are one step
+    # called four times (passes/step_share; ten steps: the mini model's test below)
+    from cadence_fx.tools import registry
+    [opt] = [m for m in registry.kept_models() if isinstance(m, s2.OptimizedToken2Wav)]
+    programs = list(opt.programs.items())
+    assert len(programs) == 3
+    for _, sym in programs:
+        assert_later_steps_share_one(sym, 5)
 
 
 def test_ten_steps_other_prompt_and_seed_with_a_flush_chunk_is_exact():
