@@ -21,7 +21,9 @@ memory at another address; the graph reads it through a static copy, made before
 replay like any copied input (the same bytes, so the same results), while what the call
 writes (the step's scratch, one address for all calls) stays bound.  The calls share the
 graph's outputs too, so this holds only where every use of a call's outputs comes
-before the next call; otherwise each call records its own graph.
+before the next call; otherwise each call records its own graph.  The first call's graph
+records into a CUDA-graph pool of its own: it replays after regions recorded later, whose
+live tensors the session's pool may have placed where its intermediates were.
 
 Random draws (``GraphRng``): a session's graphs are captured with the default CUDA
 generator pointed at that session's own generator state, so they read their Philox
