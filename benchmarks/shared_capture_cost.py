@@ -27,14 +27,16 @@ from cadence_fx.lockstep import deterministic_protocol
 from cadence_fx.runtime import graphs
 
 
+def regions(opt) -> list:
+    """The captured regions of every entry of ``opt``'s session."""
+    return [m for program in opt.session._programs.values() for m in program.run.children()
+            if isinstance(m, graphs.CapturedRegion)]
+
+
 def copied_bytes(opt) -> int:
     """Bytes of the static copies the shared calls' first graphs read their slots through."""
-    total = 0
-    for program in opt.session._programs.values():
-        for m in program.run.children():
-            if isinstance(m, graphs.CapturedRegion) and m.copy_reads:
-                total += sum(s.nbytes for s, b in zip(m.static_in, m.bound) if s is not None)
-    return total
+    return sum(s.nbytes for m in regions(opt) if m.copy_reads
+               for s, b in zip(m.static_in, m.bound) if s is not None)
 
 
 def main() -> None:
@@ -47,13 +49,15 @@ def main() -> None:
     flow, hift = s2.build_modules(0)
     tail = s2.Token2WavTail(flow.cuda(), hift.cuda(), n_timesteps=args.n_timesteps)
     prompt = s2.synthetic_prompt(args.prompt_tokens, seed=1, device="cuda")
-    models = {}
-    for name, share in (("shared", True), ("per_call", False)):
-        graphs.SHARE_CALLS = share
-        opt = cadence_fx.optimize(tail, rules="SRc")
-        opt.set_stream_cache(*prompt)
-        models[name] = opt
-    graphs.SHARE_CALLS = True
+    models, before = {}, graphs.SHARE_CALLS
+    try:
+        for name, share in (("shared", True), ("per_call", False)):
+            graphs.SHARE_CALLS = share  # read when a model compiles and captures
+            opt = cadence_fx.optimize(tail, rules="SRc")
+            opt.set_stream_cache(*prompt)
+            models[name] = opt
+    finally:
+        graphs.SHARE_CALLS = before
     chunks = s2.synthetic_chunks(3 + args.chunks, seed=2)
     ms = {name: [] for name in models}
     equal = True
@@ -76,9 +80,7 @@ def main() -> None:
            "ratio_shared_to_per_call": round(p50["shared"] / p50["per_call"], 4),
            "capture_s": {n: round(m.session.stats()["setup_s"]["capture_s"], 3) for n, m in models.items()},
            "shared_copy_bytes": copied_bytes(models["shared"]),
-           "calls_replaying_another": {n: sum(isinstance(r, graphs.CapturedRegion) and r.leader is not None
-                                              for p in m.session._programs.values() for r in p.run.children())
-                                       for n, m in models.items()},
+           "calls_replaying_another": {n: sum(r.leader is not None for r in regions(m)) for n, m in models.items()},
            "waveforms_equal": bool(equal), "states_equal": bool(equal_state),
            "fallbacks": {n: m.stats()["fallbacks"] for n, m in models.items()}}
     print(json.dumps(out))

@@ -175,6 +175,17 @@ def attr(module: Any, target: str) -> Any:
     return module
 
 
+def byte_interval(t: "torch.Tensor") -> tuple[int, int]:
+    """[lo, hi) bytes of ``t``'s storage that ``t`` can touch (the aliasing check's
+    accesses; the runtime's test that a read does not overlap a write)."""
+    if t.numel() == 0:
+        return (0, 0)
+    item = t.element_size()
+    lo = t.storage_offset()
+    hi = lo + sum((s - 1) * st for s, st in zip(t.shape, t.stride()) if s > 0)
+    return (lo * item, (hi + 1) * item)
+
+
 def capturable(module: Any) -> bool | None:
     """A partitioned child's verdict: True/False, or None for a module partition did not make."""
     meta = getattr(module, "meta", None)

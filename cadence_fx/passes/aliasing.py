@@ -21,7 +21,7 @@ import torch
 import torch.fx as fx
 
 from .. import step as meta
-from ..step import Role
+from ..step import Role, byte_interval
 from .base import aliased_arg, call_summary, is_view, returns_written, written_args
 
 
@@ -34,16 +34,6 @@ class Access:
     kind: str  # "read" | "write"
     lo: int
     hi: int
-
-
-def byte_interval(t: torch.Tensor) -> tuple[int, int]:
-    """[lo, hi) bytes of ``t``'s storage that ``t`` can touch."""
-    if t.numel() == 0:
-        return (0, 0)
-    item = t.element_size()
-    lo = t.storage_offset()
-    hi = lo + sum((s - 1) * st for s, st in zip(t.shape, t.stride()) if s > 0)
-    return (lo * item, (hi + 1) * item)
 
 
 def origins(gm: fx.GraphModule, seed: "Mapping[fx.Node, str] | None" = None) -> dict[fx.Node, str]:

@@ -49,6 +49,7 @@ import torch
 
 from ..errors import CadenceError
 from ..plan import same_layout
+from ..step import byte_interval
 from . import collector
 from .interpret import run_piece
 
@@ -394,14 +395,6 @@ def capture_entry(parent: torch.fx.GraphModule, args: Sequence[Any], pool, arena
     return failed
 
 
-def _span(t: torch.Tensor) -> tuple[int, int]:
-    """The bytes ``t`` can touch: [first, last) of its storage's addresses."""
-    if t.numel() == 0:
-        return t.data_ptr(), t.data_ptr()
-    extent = 1 + sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()))
-    return t.data_ptr(), t.data_ptr() + extent * t.element_size()
-
-
 def _copyable(a: torch.Tensor, written: Sequence[torch.Tensor]) -> bool:
     """May a region read arena tensor ``a`` through a static copy?  Not where it overlaps
     memory the region writes (the copy would miss the write), nor where it is less aligned
@@ -409,9 +402,9 @@ def _copyable(a: torch.Tensor, written: Sequence[torch.Tensor]) -> bool:
     a fresh allocation, 256-byte aligned on CUDA here, 64 on the CPU)."""
     if a.data_ptr() % (256 if a.is_cuda else 64):
         return False
-    lo, hi = _span(a)
+    lo, hi = byte_interval(a)  # in its storage: compared with writes into the same storage only
     same = [w for w in written if w.untyped_storage().data_ptr() == a.untyped_storage().data_ptr()]
-    return not any(w_lo < hi and lo < w_hi for w_lo, w_hi in map(_span, same))
+    return not any(w_lo < hi and lo < w_hi for w_lo, w_hi in map(byte_interval, same))
 
 
 def _lone_call(piece: torch.nn.Module) -> tuple | None:
