@@ -7,7 +7,9 @@ the first with the shared calls' graph, the second with every call recorded wher
 stands, sets both up on the same prompt, and runs the same steady chunks on both,
 alternating (A B A B ...), each chunk timed to a device sync.  Every chunk's waveform
 must be bit-equal between the two, and both final states too; it prints medians, their
-ratio, the capture time of each set-up and the bytes the shared graphs' copies hold.
+ratio, the capture time of each set-up, the bytes the shared graphs' copies take (summed
+over entries, and what the session's one buffer holds: ``runtime/pools.py``) and the
+device memory each model's set-up left allocated and peaked at.
 
     python3 benchmarks/shared_capture_cost.py --n-timesteps 10 --prompt-tokens 250 --chunks 20
 """
@@ -34,7 +36,8 @@ def regions(opt) -> list:
 
 
 def copied_bytes(opt) -> int:
-    """Bytes of the static copies the shared calls' first graphs read their slots through."""
+    """Bytes of the static copies the shared calls' first graphs read their slots through,
+    summed over the entries (they share one buffer: ``stats()["static_copies"]``)."""
     return sum(s.nbytes for m in regions(opt) if m.copy_reads
                for s, b in zip(m.static_in, m.bound) if s is not None)
 
@@ -49,12 +52,18 @@ def main() -> None:
     flow, hift = s2.build_modules(0)
     tail = s2.Token2WavTail(flow.cuda(), hift.cuda(), n_timesteps=args.n_timesteps)
     prompt = s2.synthetic_prompt(args.prompt_tokens, seed=1, device="cuda")
-    models, before = {}, graphs.SHARE_CALLS
+    models, mib, before = {}, {}, graphs.SHARE_CALLS
     try:
         for name, share in (("shared", True), ("per_call", False)):
             graphs.SHARE_CALLS = share  # read when a model compiles and captures
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
             opt = cadence_fx.optimize(tail, rules="SRc")
             opt.set_stream_cache(*prompt)
+            torch.cuda.synchronize()
+            mib[name] = {"allocated": round((torch.cuda.memory_allocated() - base) / 2**20, 1),
+                         "peak": round((torch.cuda.max_memory_allocated() - base) / 2**20, 1)}
             models[name] = opt
     finally:
         graphs.SHARE_CALLS = before
@@ -80,6 +89,8 @@ def main() -> None:
            "ratio_shared_to_per_call": round(p50["shared"] / p50["per_call"], 4),
            "capture_s": {n: round(m.session.stats()["setup_s"]["capture_s"], 3) for n, m in models.items()},
            "shared_copy_bytes": copied_bytes(models["shared"]),
+           "static_copies": models["shared"].session.stats().get("static_copies"),
+           "setup_mib_over_before": mib,
            "calls_replaying_another": {n: sum(r.leader is not None for r in regions(m)) for n, m in models.items()},
            "waveforms_equal": bool(equal), "states_equal": bool(equal_state),
            "fallbacks": {n: m.stats()["fallbacks"] for n, m in models.items()}}

@@ -12,18 +12,16 @@ captured (shape, stride, dtype, device; the address of bound ones; the value of 
 python argument baked into the graph).  On any mismatch it runs the same piece
 eagerly instead and counts the reason in ``refusals``, which the session reports.
 
-One graph for a shared step's calls (``SHARE_CALLS``, off by default: see there): where
-an entry's regions are each one call of the same submodule (``passes/step_share``'s
-shared step: a flow decoder's later steps; ``Partition(calls_apart=True)`` puts each call
-in a region of its own, its per-call constants as arguments), ``capture_entry`` records
-the first and every later call replays that graph (``shared_regions``).  Each call reads its own slot of the step caches, arena
-memory at another address; the graph reads it through a static copy, made before each
-replay like any copied input (the same bytes, so the same results), while what the call
-writes (the step's scratch, one address for all calls) stays bound.  The calls share the
-graph's outputs too, so this holds only where every use of a call's outputs comes
-before the next call; otherwise each call records its own graph.  The first call's graph
-records into a CUDA-graph pool of its own: it replays after regions recorded later, whose
-live tensors the session's pool may have placed where its intermediates were.
+One graph for a shared step's calls (``SHARE_CALLS``): where an entry's regions are each
+one call of the same submodule (``passes/step_share``'s shared step: a flow decoder's
+later steps, each call a region of its own, ``Partition(calls_apart=True)``),
+``capture_entry`` records the first and every later call replays that graph
+(``shared_regions``), reading its own slot of the step caches through a static copy made
+before each replay (the same bytes, so the same results; ``runtime/pools.py``: one
+buffer a session) while what it writes stays bound.  The calls share the graph's outputs
+too, so only where every use of a call's outputs comes before the next call.  The first
+call's graph records into a pool apart from the session's other graphs: it replays after
+regions recorded later, whose live tensors could sit where its intermediates were.
 
 Random draws (``GraphRng``): a session's graphs are captured with the default CUDA
 generator pointed at that session's own generator state, so they read their Philox
@@ -49,19 +47,15 @@ import torch
 
 from ..errors import CadenceError
 from ..plan import same_layout
-from ..step import byte_interval
 from . import collector
+from .pools import GraphPool, StaticCopies, copyable, need
 from .interpret import run_piece
 
 
-#: record a shared step's call once per entry and replay it at every call (module docstring).
-#: Off unless ``CADENCE_FX_SHARED_CAPTURE=1`` (read at import).  On the H200 (2026-12-03,
-#: docs/results/h200-2026-12-03-session27) it is exact and halves a 10-step entry's capture
-#: (2.52 -> 1.24 s, three entries at 250 prompt tokens) at x1.007 a steady chunk, but each
-#: session then holds a static copy of a call's cache slot per entry (217 MB at 250 tokens)
-#: and a new length's ready time did not move past the run-to-run spread (3.3-4.5 s): the
-#: memory is not yet paid back, so every call is recorded where it stands by default
-SHARE_CALLS = os.environ.get("CADENCE_FX_SHARED_CAPTURE", "0") == "1"
+#: record a shared step's call once per entry and replay it at every call (module docstring);
+#: ``CADENCE_FX_SHARED_CAPTURE=0`` (read at import) records every call where it stands.
+#: docs/architecture.md ("One flow step, not ten") has what it saves and costs.
+SHARE_CALLS = os.environ.get("CADENCE_FX_SHARED_CAPTURE", "1") != "0"
 
 
 class CaptureFailed(CadenceError, RuntimeError):
@@ -137,30 +131,6 @@ class ArgSpec:
         return None
 
 
-class GraphPool:
-    """The CUDA-graph memory pool a session captures into, renewed after a failed capture.
-
-    A capture the device invalidates (a host sync inside it) ends before PyTorch's
-    allocator stops recording into its pool: every later capture into that pool then
-    raises "beginAllocateToPool: already recording to mempool_id", and
-    ``torch._C._cuda_endAllocateToPool`` does not clear it (PyTorch 2.11,
-    ``benchmarks/capture_fault_probe.py``).  So after a failed capture that left its pool
-    so (``CapturedRegion.capture`` finds out by the empty capture it runs next) the
-    session's later captures, the failed region's retry among them, go to a fresh pool
-    (``renew``): one fault leaves one region eager, not every capture after it.  A
-    capture that raised without invalidating keeps the pool.  Graphs captured before
-    keep the memory of the pool they were captured into; ``renewed`` counts the fresh
-    pools (``Session.stats()["graph_pools_renewed"]``)."""
-
-    def __init__(self):
-        self.handle = torch.cuda.graph_pool_handle()
-        self.renewed = 0
-
-    def renew(self) -> None:
-        self.handle = torch.cuda.graph_pool_handle()
-        self.renewed += 1
-
-
 def pool_handle(pool: "GraphPool | Any") -> Any:
     """The handle ``torch.cuda.graph`` takes: a ``GraphPool``'s current one, or ``pool`` itself."""
     return pool.handle if isinstance(pool, GraphPool) else pool
@@ -178,17 +148,13 @@ def keep_if_unsafe(graph: "torch.cuda.CUDAGraph", began: bool, ended: bool) -> N
       which allocates the state's graph tensors when it has no graph yet: an error there
       (out of memory; a test's injected fault) leaves a graph whose destructor raises
       "The graph should be registered to the state", and a destructor that raises
-      aborts the process (the GPU suite, 2026-12-02: a worker aborted in
-      ``test_misuse::test_capture_fault_never_yields_a_wrong_step`` when the test let
-      go of a session one of whose regions had failed so).
+      aborts the process (GPU suite, 2026-12-02, ``test_misuse``).
     * Its capture was invalidated (``ended`` False): the allocator keeps a recording
       entry with a filter that reads this graph object at every later allocation of the
       process; freed, the filter would read freed memory.
-    One small object per such fault; graphs that captured, or raised after they began
-    and ended cleanly, are freed as usual.  Kept past the interpreter's own shutdown too
-    (one reference that nothing releases): the module's list alone is cleared at exit,
-    which freed them there and aborted processes whose tests had all passed (GPU suite,
-    2026-12-02)."""
+    One small object per such fault; other graphs are freed as usual.  Kept past the
+    interpreter's shutdown too (a reference nothing releases): freed there, they aborted
+    processes whose tests had all passed (GPU suite, 2026-12-02)."""
     if not began or not ended:
         _KEPT.append(graph)
         ctypes.pythonapi.Py_IncRef(ctypes.py_object(graph))  # never freed, not even at exit
@@ -217,9 +183,11 @@ class CapturedRegion(torch.nn.Module):
         # the graphs of failed captures, kept as long as the region (see ``capture``)
         self.failed_graphs: list[torch.cuda.CUDAGraph] = []
 
-    def capture(self, args: Sequence[Any], pool, stream: torch.cuda.Stream, arena_ptr: int | None = None) -> None:
+    def capture(self, args: Sequence[Any], pool, stream: torch.cuda.Stream, arena_ptr: int | None = None,
+                copies: StaticCopies | None = None) -> None:
         """Capture on ``stream`` into ``pool`` (a ``GraphPool``, renewed if this capture
-        fails, or a pool handle); the caller has warmed the piece up.
+        fails, or a pool handle); the caller has warmed the piece up.  ``copies``: where
+        the static copies go (a session's buffer, ``runtime/pools.py``; None: clones).
 
         An argument that aliases the arena (``arena_ptr``: its storage's address) is
         bound by address: a static copy of it would take the graph's writes away
@@ -231,7 +199,7 @@ class CapturedRegion(torch.nn.Module):
             written = [a for a, b in zip(args, self.bound) if b and isinstance(a, torch.Tensor)] \
                 if self.copy_reads else None  # None: every arena argument bound
             self.bound = tuple(b or (isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == arena_ptr
-                                     and not (written is not None and _copyable(a, written)))
+                                     and not (written is not None and copyable(a, written)))
                                for a, b in zip(args, self.bound))
         for i, a in enumerate(args):
             if isinstance(a, (list, tuple, dict)):
@@ -239,8 +207,9 @@ class CapturedRegion(torch.nn.Module):
                 raise CaptureFailed(f"{self.name}: arg {i} is a {type(a).__name__}; a captured region takes tensors")
         self.specs = tuple(ArgSpec.of(a, b) if isinstance(a, torch.Tensor) else ("value", a)
                            for a, b in zip(args, self.bound))
-        self.static_in = [None if (b or not isinstance(a, torch.Tensor)) else a.clone()
-                          for a, b in zip(args, self.bound)]
+        mark = copies.cursor if copies is not None else 0
+        self.static_in = [None if (b or not isinstance(a, torch.Tensor)) else
+                          copies.copy_of(a) if copies is not None else a.clone() for a, b in zip(args, self.bound)]
         call_args = [s if s is not None else a for a, s in zip(args, self.static_in)]
         graph = torch.cuda.CUDAGraph()
         began = False
@@ -256,6 +225,8 @@ class CapturedRegion(torch.nn.Module):
                 # regions' captures (PyTorch asserts when a capture joins a pool that every
                 # graph has released while its memory is still held).
                 self.failed_graphs.append(graph)
+                if copies is not None:
+                    copies.cursor = mark  # the retry lays its copies out where these were
                 released, _ = _release_generator(pool_handle(pool), stream)  # the generator state this capture used
                 # an invalidated capture (its pool left recording: the empty capture could not
                 # begin) or one that failed as it began is kept for the process's life
@@ -345,13 +316,23 @@ def capture_entry(parent: torch.fx.GraphModule, args: Sequence[Any], pool, arena
     follows = shared_regions(parent) if SHARE_CALLS else {}
     for name in set(follows.values()):
         parent.get_submodule(name).copy_reads = True
+    session = pool if isinstance(pool, GraphPool) else None
+    if session is not None:
+        session.copies.start_entry()
 
     def pool_for(mod: CapturedRegion):
         # A shared call's first graph replays again after regions captured later: in the
         # session's pool, those may hold live tensors (the flow's x between steps) where its
         # intermediates were, and its replay would overwrite them.  It records into a pool
-        # of its own, which nothing else allocates from.
-        return torch.cuda.graph_pool_handle() if mod.copy_reads else pool
+        # apart, which only the session's other entries' first graphs share (an entry's
+        # graphs run in its chunk; what they leave is consumed before the next chunk).
+        if not mod.copy_reads:
+            return pool
+        return session.leaders if session is not None else torch.cuda.graph_pool_handle()
+
+    def capture(mod: CapturedRegion, args_) -> None:
+        mod.capture(args_, pool_for(mod), stream, arena_ptr,
+                    session.copies if session is not None and mod.copy_reads else None)
 
     def call_module(mod, args_):
         if isinstance(mod, CapturedRegion) and mod.trivial:
@@ -367,7 +348,7 @@ def capture_entry(parent: torch.fx.GraphModule, args: Sequence[Any], pool, arena
             # warm-up and capture walk the piece's graph (interpret.py): its code is never generated
             if not warm_up:
                 try:
-                    mod.capture(args_, pool_for(mod), stream, arena_ptr)
+                    capture(mod, args_)
                 except CaptureFailed as e:  # perhaps a first-use initialization: warm up, then again
                     mod.unwarmed_failure = str(e)
                 else:
@@ -378,7 +359,7 @@ def capture_entry(parent: torch.fx.GraphModule, args: Sequence[Any], pool, arena
             out = run_piece(mod.piece, args_)
             torch.cuda.synchronize()
             try:
-                mod.capture(args_, pool_for(mod), stream, arena_ptr)
+                capture(mod, args_)
                 mod.launch()  # the first launch uploads the graph: here, not in the session's first chunks
             except CaptureFailed as e:  # mod.graph stays None: every call runs the piece, counted
                 failed[mod.name] = str(e)
@@ -393,18 +374,6 @@ def capture_entry(parent: torch.fx.GraphModule, args: Sequence[Any], pool, arena
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
     return failed
-
-
-def _copyable(a: torch.Tensor, written: Sequence[torch.Tensor]) -> bool:
-    """May a region read arena tensor ``a`` through a static copy?  Not where it overlaps
-    memory the region writes (the copy would miss the write), nor where it is less aligned
-    than a fresh allocation (a library may pick another kernel by alignment: the copy is
-    a fresh allocation, 256-byte aligned on CUDA here, 64 on the CPU)."""
-    if a.data_ptr() % (256 if a.is_cuda else 64):
-        return False
-    lo, hi = byte_interval(a)  # in its storage: compared with writes into the same storage only
-    same = [w for w in written if w.untyped_storage().data_ptr() == a.untyped_storage().data_ptr()]
-    return not any(w_lo < hi and lo < w_hi for w_lo, w_hi in map(byte_interval, same))
 
 
 def _lone_call(piece: torch.nn.Module) -> tuple | None:
@@ -471,6 +440,31 @@ def shared_regions(parent: torch.fx.GraphModule) -> dict[str, str]:
         if len(calls) > 1 and all(dead_before(c, d) for c, d in zip(calls, calls[1:])):
             follows.update({c.target: calls[0].target for c in calls[1:]})
     return follows
+
+
+def _copied(parent: torch.fx.GraphModule, call: torch.fx.Node) -> list:
+    """The traced values of what region ``call`` may copy: its unbound tensor inputs (the
+    piece's input as traced, or a constant the parent passes it)."""
+    mod = parent.get_submodule(call.target)
+    inputs = [n for n in mod.piece.graph.nodes if n.op == "placeholder"]
+    vals = [n.meta.get("val") if n.meta.get("val") is not None else
+            getattr(parent, a.target) if isinstance(a, torch.fx.Node) and a.op == "get_attr" else None
+            for n, a in zip(inputs, call.args)]
+    return [v for v, b in zip(vals, mod.bound) if not b and isinstance(v, torch.Tensor)]
+
+
+def reserve_copies(pool, parents: Sequence[torch.fx.GraphModule], device: torch.device) -> None:
+    """Size a session's copy buffer (``GraphPool.copies``) for the shared calls' first
+    graphs of its entries ``parents``, from their pieces' traced inputs (a capture that
+    needs more takes a larger buffer, counted in ``grown``)."""
+    if not SHARE_CALLS or not isinstance(pool, GraphPool):
+        return
+    entries = [[t for n in p.graph.nodes if n.op == "call_module" and n.target in set(shared_regions(p).values())
+                for t in _copied(p, n)] for p in parents]
+    try:
+        pool.copies.reserve(need(entries), device) if any(entries) else None
+    except torch.OutOfMemoryError:  # each copy then allocates at its capture (an entry's OOM: eager)
+        pass
 
 
 def _release_generator(pool, stream) -> "tuple[bool, torch.cuda.CUDAGraph]":

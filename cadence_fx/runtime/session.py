@@ -162,7 +162,7 @@ class Session:
         which is recorded), the session keeps no graphs and is marked broken.  Its wall
         time is ``stats()["setup_s"]["capture_s"]``.
         """
-        from .graphs import GraphPool, GraphRng, capture_entry, fresh_regions
+        from .graphs import GraphPool, GraphRng, capture_entry, fresh_regions, reserve_copies
         failed: dict[int, dict[str, str]] = {}
         if not any(p.kind == "cudagraph" for p in self.executable.programs.values()):
             return failed
@@ -177,8 +177,10 @@ class Session:
             devices = [self._expect_device] if self._expect_device.type == "cuda" else []  # the CPU generator always forks
             try:
                 with collector.held(), torch.random.fork_rng(devices=devices):  # no finalizer mid-capture
+                    parents = {idx: fresh_regions(p.run, self._rng) for idx, p in self.executable.programs.items()}
+                    reserve_copies(pool, list(parents.values()), self._expect_device)  # one buffer: the largest entry's
                     for i, (idx, program) in enumerate(sorted(self.executable.programs.items())):
-                        parent = fresh_regions(program.run, self._rng)
+                        parent = parents[idx]
                         args = [example_inputs[n] for n in self.executable.inputs] + self._capture_state_args(program)
                         try:  # the first entry warms the stream up; the later ones capture unwarmed
                             failed[idx] = capture_entry(parent, args, pool, self._bound_storage(), stream, warm_up=i == 0)
@@ -295,13 +297,16 @@ class Session:
         and what this session captured (seconds per label).  Under replay, ``graph_rng``:
         ``"session"`` (its graphs draw from a generator state of their own) or
         ``"default"`` (this PyTorch lacks the graph-safe generator API); ``capture_retried``;
-        ``graph_pools_renewed`` (fresh pools taken after failed captures, ``graphs.GraphPool``)."""
+        ``graph_pools_renewed`` (fresh pools taken after failed captures, ``graphs.GraphPool``);
+        ``static_copies``: the bytes its shared calls' copy buffers hold and how often one grew."""
         out = self._stats.to_json()
         if self._programs is not None and self._expect_device.type == "cuda":
             out["graph_rng"] = "session" if self._rng is not None else "default"
             from .graphs import retried_regions
             out["capture_retried"] = retried_regions(self._programs, self._variant_programs)
             out["graph_pools_renewed"] = getattr(self._pool, "renewed", 0)
+            copies = getattr(self._pool, "copies", None)
+            out["static_copies"] = {"bytes": copies.held_bytes, "grown": copies.grown} if copies else {}
         if self.executable.variants is not None:
             out["specializations"] = {**self.executable.variants.stats(),
                                       "captured_here_s": dict(self._variant_capture_s)}

@@ -52,13 +52,17 @@ def test_captured_the_later_calls_replay_one_graph_and_compute_what_the_program_
     """``SHARE_CALLS`` on the mini model's real entries, with capture and replay faked on
     the CPU (helpers/fake_capture.py): each entry's rule-S graph through the replay passes
     with the calls apart; the second later step's call replays the first's graph, its
-    cache slot read through the copy, the step's scratch bound.  A stream from the voice's
-    set-up (entries 0, 1, 2, 2: warm-up, growth, trim, steady): every chunk's waveform and
-    the whole arena after it are what the rule-S graphs compute from the same state and draws."""
+    cache slot read through the copy, the step's scratch bound.  The three entries are
+    captured into one session pool, as ``prepare_replay`` does: their first calls' copies
+    share one buffer sized before capture (each entry's copies from its start) and their
+    graphs one pool apart from the rest.  A stream from the voice's set-up (entries 0, 1,
+    2, 2: warm-up, growth, trim, steady): every chunk's waveform and the whole arena after
+    it are what the rule-S graphs compute from the same state and draws."""
     from cadence_fx.passes.istft_check import IstftWithoutHostRead
     from cadence_fx.passes.lower_cudagraph import LowerCudaGraph
     from cadence_fx.passes.partition import Partition
-    from cadence_fx.runtime.graphs import CapturedRegion, capture_entry, fresh_regions
+    from cadence_fx.runtime.pools import need, nbytes
+    from cadence_fx.runtime.graphs import CapturedRegion, GraphPool, capture_entry, fresh_regions, reserve_copies
 
     from helpers.fake_capture import fake_capture, flat
     tail = mini_tail(n_timesteps=3, seed=5)
@@ -69,24 +73,41 @@ def test_captured_the_later_calls_replay_one_graph_and_compute_what_the_program_
     exe, arena = session.executable, session.arena.storage
     set_up = arena.clone()
     fake_capture(monkeypatch)
-    captured = {}
+    pool, parents = GraphPool(), {}
     for idx, program in sorted(exe.programs.items()):
         graph = torch.fx.Graph()
         graph.output(graph.graph_copy(program.run.graph, {}))
         gm = torch.fx.GraphModule(program.run, graph)
         IstftWithoutHostRead()(gm)
         parent = LowerCudaGraph(CapturedRegion)(Partition(None, "chunk", calls_apart=True)(gm).graph_module).graph_module
-        regions = fresh_regions(parent)
+        parents[idx] = fresh_regions(parent)
+    reserve_copies(pool, list(parents.values()), CPU)
+    reserved = pool.copies.buffer.numel()
+    captured, copied = {}, {}
+    for idx, regions in parents.items():
+        program = exe.programs[idx]
         example = opt.adapter_for(int(prompt[1].shape[1]), prompt[2]).example_inputs()
         with torch.random.fork_rng():
-            assert capture_entry(regions, [example[n] for n in exe.inputs] + session._state_args(program), "pool",
+            assert capture_entry(regions, [example[n] for n in exe.inputs] + session._state_args(program), pool,
                                  session._bound_storage()) == {}
         arena.copy_(set_up)  # capture ran the entry on the arena
         calls = [m for m in regions.children() if isinstance(m, CapturedRegion)
                  and any(n.op == "call_module" for n in m.piece.graph.nodes)]
         assert len(calls) == 2 and calls[1].leader is calls[0] and calls[0].copy_reads, idx
         assert not all(calls[0].bound) and any(calls[0].bound)  # the slot copied, the scratch bound
+        assert calls[0].graph.pool is pool.leaders.handle and pool.leaders.handle is not pool.handle
+        assert all(m.graph.pool is pool.handle for m in regions.children()
+                   if isinstance(m, CapturedRegion) and m.graph is not None and m is not calls[0])
+        copies = [t for t in calls[0].static_in if t is not None]
+        storage = pool.copies.buffer.untyped_storage().data_ptr()
+        assert copies and all(t.untyped_storage().data_ptr() == storage for t in copies)  # the session's buffer
+        starts = sorted(t.data_ptr() - storage for t in copies)
+        assert starts[0] == 0 and all(b - a >= nbytes(t) for (a, b), t in zip(zip(starts, starts[1:]), copies))
+        copied[idx] = [nbytes(t) for t in copies]
         captured[idx] = regions
+    assert pool.copies.grown == 0 and reserved == need([[]] + [[torch.empty(n, dtype=torch.uint8)]
+                                                               for n in map(sum, copied.values())])
+    assert reserved < sum(map(sum, copied.values()))  # the largest entry's copies, not the sum
     for k, idx in enumerate([0, 1, 2, 2]):
         program = exe.programs[idx]
         tokens = torch.tensor([s2.synthetic_chunks(1, seed=40 + k)[0][0]], dtype=torch.int32)

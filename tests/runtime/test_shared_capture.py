@@ -18,7 +18,8 @@ from cadence_fx import step as meta
 from cadence_fx.passes.lower_cudagraph import LowerCudaGraph
 from cadence_fx.passes.partition import Partition
 from cadence_fx.passes.step_share import share_calls
-from cadence_fx.runtime.graphs import CapturedRegion, _copyable, shared_regions
+from cadence_fx.runtime.pools import copyable as _copyable
+from cadence_fx.runtime.graphs import CapturedRegion, shared_regions
 
 from helpers.fake_capture import fake_capture, flat
 
@@ -157,3 +158,29 @@ def test_replaying_the_first_calls_graph_computes_what_each_call_computes(record
             assert torch.equal(w, g), trial
     # shared: the later calls' replays at capture (their outputs feed what follows) and 3 a trial
     assert regions[0].replays == (3 if keep else 2 + 3 * 3)
+
+
+def test_a_sessions_copies_are_laid_out_like_clones_apart_within_an_entry_shared_across():
+    """runtime/pools.py: each copy has a clone's values, shape and strides (a dense
+    tensor's own, else contiguous) at a 512-byte step of one buffer; an entry's copies lie
+    apart, the next entry's start again at the buffer's start; one that does not fit takes
+    a larger buffer and the copies made before keep theirs."""
+    from cadence_fx.runtime.pools import ALIGN, StaticCopies, need, nbytes
+    copies = StaticCopies()
+    dense, sliced = torch.randn(3, 5, 7).permute(2, 0, 1), torch.randn(6, 10)[::2, 1:4]
+    copies.reserve(need([[dense, sliced], [dense]]), torch.device("cpu"))
+    assert copies.buffer.numel() == nbytes(dense) + nbytes(sliced) == 2 * ALIGN  # 420 and 36 bytes, aligned
+    copies.start_entry()
+    a, b = copies.copy_of(dense), copies.copy_of(sliced)
+    for copy, t in ((a, dense), (b, sliced)):
+        assert torch.equal(copy, t) and copy.stride() == t.clone().stride() and copy.dtype == t.dtype
+    base = copies.buffer.data_ptr()
+    assert (a.data_ptr() - base, b.data_ptr() - base) == (0, ALIGN)  # apart
+    copies.start_entry()
+    c = copies.copy_of(dense * 2)
+    assert c.data_ptr() == base and torch.equal(a, dense * 2)  # the next entry reuses the memory
+    big = torch.randn(100, 100)
+    d = copies.copy_of(big)  # does not fit after c: a larger buffer, c keeps the old one
+    assert copies.grown == 1 and copies.buffer.data_ptr() != base and torch.equal(d, big)
+    assert torch.equal(c, dense * 2) and copies.held_bytes == 2 * ALIGN + copies.buffer.numel()
+    assert copies.buffer.numel() >= ALIGN + nbytes(big)  # room for this entry's whole layout next time
