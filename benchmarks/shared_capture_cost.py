@@ -8,8 +8,10 @@ stands, sets both up on the same prompt, and runs the same steady chunks on both
 alternating (A B A B ...), each chunk timed to a device sync.  Every chunk's waveform
 must be bit-equal between the two, and both final states too; it prints medians, their
 ratio, the capture time of each set-up, the bytes the shared graphs' copies take (summed
-over entries, and what the session's one buffer holds: ``runtime/pools.py``) and the
-device memory each model's set-up left allocated and peaked at.
+over entries, and what the session's one buffer holds: ``runtime/pools.py``), the device
+memory each model's set-up left allocated and peaked at (the first model's includes what
+the tail's first trace leaves), and, per model, what one more session on the same prompt
+takes (``session_mib``: allocated by ``open_session`` and its peak, the fair comparison).
 
     python3 benchmarks/shared_capture_cost.py --n-timesteps 10 --prompt-tokens 250 --chunks 20
 """
@@ -81,6 +83,16 @@ def main() -> None:
             if k >= 3:
                 ms[name].append(1000 * (time.perf_counter() - t0))
         equal &= torch.equal(waves["shared"], waves["per_call"])
+    session_mib = {}
+    for name, opt in models.items():  # one more session each: what a session costs, in either order
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        extra = opt.open_session(*prompt)
+        torch.cuda.synchronize()
+        session_mib[name] = {"allocated": round((torch.cuda.memory_allocated() - base) / 2**20, 1),
+                             "peak": round((torch.cuda.max_memory_allocated() - base) / 2**20, 1)}
+        extra.close()
     states = [m.state() for m in models.values()]
     equal_state = all(torch.equal(states[0][r], states[1][r]) for r in states[0])
     p50 = {name: round(statistics.median(v), 3) for name, v in ms.items()}
@@ -90,7 +102,7 @@ def main() -> None:
            "capture_s": {n: round(m.session.stats()["setup_s"]["capture_s"], 3) for n, m in models.items()},
            "shared_copy_bytes": copied_bytes(models["shared"]),
            "static_copies": models["shared"].session.stats().get("static_copies"),
-           "setup_mib_over_before": mib,
+           "setup_mib_over_before": mib, "session_mib": session_mib,
            "calls_replaying_another": {n: sum(r.leader is not None for r in regions(m)) for n, m in models.items()},
            "waveforms_equal": bool(equal), "states_equal": bool(equal_state),
            "fallbacks": {n: m.stats()["fallbacks"] for n, m in models.items()}}
