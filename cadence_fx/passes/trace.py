@@ -31,6 +31,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from ..errors import TraceError
 from .. import step as meta
 from ..step import Role, StepSignature
+from .trace_memo import TRACE_TURN
 
 
 def same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -82,7 +83,7 @@ def trace_step(fn: Callable, signature: StepSignature, inputs: Mapping[str, torc
 
     args = [inputs[n] for n in signature.inputs] + [state[n] for n in signature.regions]
     try:
-        with torch.no_grad():
+        with torch.no_grad(), TRACE_TURN:  # one trace at a time in a process (trace_memo.TRACE_TURN)
             with one_fake_mode():
                 gm = make_fx(flat, pre_dispatch=True)(*args)
     except TraceError:

@@ -41,8 +41,11 @@ from .base import view_root, written_args
 
 #: methods memoized on every watched module class that defines them
 DEFAULT_METHODS = ("forward",)
-#: held while a memoized trace has its methods patched
-_INSTALL = threading.RLock()
+#: one trace at a time in a process: held while a memoized trace has its methods patched, and
+#: by a symbolic trace from its first symbolic size on (trace_symbolic): PyTorch's dispatch
+#: modes are process-wide, so a size computed in one thread while another traces is recorded
+#: by the other's tracer ("is not tracked with proxy", CI 2026-12-03)
+TRACE_TURN = threading.RLock()
 
 aten = torch.ops.aten
 #: in-place ops that change a tensor's sizes, strides or storage (a copy would not)
@@ -167,7 +170,7 @@ class CallMemo:
         One memoized trace per process at a time (another thread's waits): two would patch
         the same classes (``torch.nn.Linear``...) and could restore each other's patches.
         Other threads running these classes meanwhile call the originals."""
-        with _INSTALL:
+        with TRACE_TURN:
             with self._patched():
                 yield self
 

@@ -38,7 +38,7 @@ from ..errors import NeedsForeground, TraceError
 from ..foreground import fenced
 from .. import step as meta
 from ..step import Role, StepSignature
-from .trace_memo import DEFAULT_METHODS, CallMemo
+from .trace_memo import DEFAULT_METHODS, TRACE_TURN, CallMemo
 
 #: a size: an int, or ``(dim, a, b)`` for ``a * dim + b``
 Size = Union[int, tuple]
@@ -116,8 +116,14 @@ def trace_symbolic(bind: Callable, signature: StepSignature, dims: Mapping[str, 
     back and ``ModuleStateChanged`` names the attribute.  A graph constant that is a
     fake tensor is refused too.  ``memo_methods``: the methods of ``watch``'s module
     classes whose repeated calls are copied rather than traced again
-    (``trace_memo.CallMemo``; ``None``: trace every call).
+    (``trace_memo.CallMemo``; ``None``: trace every call).  One trace at a time in a
+    process (``trace_memo.TRACE_TURN``: another thread's waits).
     """
+    with TRACE_TURN:
+        return _trace_symbolic(bind, signature, dims, inputs, state, buffers, device, watch, memo_methods)
+
+
+def _trace_symbolic(bind, signature, dims, inputs, state, buffers, device, watch, memo_methods) -> SymbolicStep:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
     from torch._dynamo.source import ConstantSource
