@@ -1,0 +1,10 @@
+#!/bin/bash
+# session 28 third device call: the GPU suite at the trace lock (one trace at a time) on top of the shared calls' default
+set -u
+mkdir -p .site .cfx /tmp/r
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target .site .whl/*.whl >/dev/null 2>&1
+export PYTHONPATH=$PWD/.site:$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1 CUBLAS_WORKSPACE_CONFIG=:4096:8 CADENCE_FX_CACHE_DIR=$PWD/.cfx
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -c "import torch; print('torch', torch.__version__)"; date -u; echo "tree: $(git rev-parse --short HEAD 2>/dev/null)"; sha256sum cadence_fx/passes/*.py cadence_fx/compiler.py cadence_fx/runtime/*.py; } > /tmp/r/gpu.txt
+mkdir -p /tmp/r/suite
+OUT=/tmp/r/suite COMMIT=$(git rev-parse --short HEAD) WORKERS=16 SUITE_TIMEOUT=300 bash benchmarks/h200_suite.sh > /tmp/r/suite/stdout.txt 2>&1; echo "suite rc=$?"; grep -E " passed| failed" /tmp/r/suite/pytest-cuda.log | tail -2; grep -E "^FAILED|^E  " /tmp/r/suite/pytest-cuda.log | head -12
+(cd /tmp && tar czf $OUT/r.tgz r)
