@@ -2,11 +2,9 @@
 pool apart that its shared calls' first graphs record into, and the buffer their static
 copies take (``StaticCopies``).
 
-The static copies of the first graphs of shared calls (``graphs.SHARE_CALLS``):
-
-Every later call of a shared step replays the first call's graph, each reading its own
-cache slot through a static copy made before the replay (``graphs``).  Two rules place
-those copies:
+The static copies (``graphs.SHARE_CALLS``): every later call of a shared step replays the
+first call's graph, each reading its own cache slot through a static copy made before the
+replay.  Two rules place those copies:
 
 * One entry's copies lie apart from each other: its graphs replay one after another in
   one chunk, and a graph's output may be a view of what it read.
@@ -16,6 +14,12 @@ those copies:
   each entry's copies out in it from its start: the memory is the largest entry's
   copies, not their sum (the released speech tail at 10 flow steps, 250 prompt tokens:
   217 MB summed over three entries, docs/results/h200-2026-12-03-session27).
+
+A capture writes the buffer too (it lays out and fills its entry's copies, mid-stream
+for a specialization or an entry a background build handed over): it runs on the
+session's capture stream, which waits for the session's stream first and which the
+session's stream waits for after (``graphs.capture_entry``), so no capture writes under a
+replay still in flight.
 
 ``reserve`` sizes the buffer before a session captures its entries (``need``, from the
 pieces' traced shapes); a copy that does not fit (a specialization captured later with
