@@ -459,8 +459,9 @@ def reserve_copies(pool, parents: Sequence[torch.fx.GraphModule], device: torch.
     needs more takes a larger buffer, counted in ``grown``)."""
     if not SHARE_CALLS or not isinstance(pool, GraphPool):
         return
-    entries = [[t for n in p.graph.nodes if n.op == "call_module" and n.target in set(shared_regions(p).values())
-                for t in _copied(p, n)] for p in parents]
+    firsts = [set(shared_regions(p).values()) for p in parents]
+    entries = [[t for n in p.graph.nodes if n.op == "call_module" and n.target in first for t in _copied(p, n)]
+               for p, first in zip(parents, firsts)]
     try:
         pool.copies.reserve(need(entries), device) if any(entries) else None
     except torch.OutOfMemoryError:  # each copy then allocates at its capture (an entry's OOM: eager)
