@@ -15,7 +15,9 @@ last length's executable:
   ``tracked_per_length``: what the last length added to the heap (``gc.get_objects()``
   after a collection, against the length before);
 * ``compact_tracked``: the tracked objects the compact step lists of the same graphs hold
-  after a collection (measured: built, collected, counted);
+  after a collection (measured: built, collected, counted); ``interpret_tracked``: the same
+  for the runtime's own step lists today (``interpret._program``, kept for every piece a
+  capture walks, beside the graph);
 * ``exact``: each entry run through its compact list (a call of the shared step through
   that step's list) against the graph's own generated code, from the same arena and
   seed: ``torch.equal`` on every output and on the whole arena after.
@@ -164,6 +166,13 @@ def main(argv=None) -> int:
     programs = {id(g): compact(g) for g in graphs}
     build_s = time.perf_counter() - t0
     held = _tracked() - before
+    # what the runtime's own compiled step lists (runtime/interpret.py, built for every piece a
+    # capture walks) hold for the same graphs today
+    from cadence_fx.runtime import interpret
+    before = _tracked()
+    kept = [interpret._program(g) for g in graphs]
+    interpret_held = _tracked() - before
+    del kept
     # exact: each entry through its compact list against its generated code, same arena and seed
     arena = session.arena.storage
     start = arena.clone()
@@ -192,6 +201,7 @@ def main(argv=None) -> int:
                       "prompt_tokens": args.prompt_tokens, "graphs": len(graphs), "fx_nodes": nodes,
                       "tracked_per_length": counts[-1] - counts[-2] if len(counts) > 1 else None,
                       "compact_tracked": held, "compact_build_s": round(build_s, 3),
+                      "interpret_tracked": interpret_held,
                       "exact": exact, "entries": runs}))
     return 0
 
