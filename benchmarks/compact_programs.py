@@ -20,7 +20,8 @@ last length's executable:
   capture walks, beside the graph);
 * ``exact``: each entry run through its compact list (a call of the shared step through
   that step's list) against the graph's own generated code, from the same arena and
-  seed: ``torch.equal`` on every output and on the whole arena after.
+  seed: ``torch.equal`` on every output and on the whole arena after; and the same through
+  the runtime's own walk (``interpret.run_graph_module``).
 
     OMP_NUM_THREADS=1 python benchmarks/compact_programs.py --n-timesteps 10 --prompt-tokens 23,41
 
@@ -193,6 +194,11 @@ def main(argv=None) -> int:
             got = _flat(run_compact(programs[id(program.run)], program.run, call, programs))
             compact_s = time.perf_counter() - t0
             same = len(want) == len(got) and all(torch.equal(w, g) for w, g in zip(want, got)) \
+                and torch.equal(arena, want_arena)
+            arena.copy_(start)  # and the runtime's own walk (runtime/interpret.py)
+            torch.manual_seed(idx)
+            walked = _flat(interpret.run_graph_module(program.run, call))
+            same &= len(want) == len(walked) and all(torch.equal(w, g) for w, g in zip(want, walked)) \
                 and torch.equal(arena, want_arena)
             exact &= same
             runs[idx] = {"exact": same, "code_s": round(code_s, 3), "compact_s": round(compact_s, 3)}

@@ -142,3 +142,18 @@ def test_run_piece_uses_generated_code_where_there_is_some(monkeypatch):
     assert calls == [gm] and has_code(gm)
     plain = torch.nn.Linear(2, 2)
     assert torch.equal(run_piece(plain, (torch.ones(1, 2),)), plain(torch.ones(1, 2)))
+
+
+def test_a_step_list_leaves_the_collector_a_few_objects_a_graph():
+    """A kept executable's step lists add almost nothing for the garbage collector to walk
+    (docs/architecture.md, "Fewer objects for the collector to walk"): a graph's steps are
+    one bytes blob (never tracked) beside its list of call targets and its list of
+    constants; a walk of it equals the generated code (the test above)."""
+    import gc
+    from cadence_fx.runtime.interpret import _program
+    gm = _traced()
+    run_graph_module(gm, _inputs())  # builds and keeps its step list
+    blob, size, targets, consts = _program(gm)
+    assert isinstance(blob, bytes) and not gc.is_tracked(blob)
+    assert size == len(gm.graph.nodes) and targets and all(callable(t) for t in targets)
+    assert all(not isinstance(c, (fx.Node, tuple, list, dict)) for c in consts)  # dtypes, devices...
