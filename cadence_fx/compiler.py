@@ -20,6 +20,7 @@ Each entry's graph becomes an ``EntryProgram`` of one ``Executable`` (``compile_
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Any, Callable
@@ -253,6 +254,7 @@ def _compile(adapter: StreamingAdapter, rules: "str | Rules",
                                                    for p, r in zip(pipeline.passes, results))
         nxt = {b.name: b.extent_out for b in bindings if b.carried}
         kind = "cudagraph" if rules.replays else "graph"
+        _compact(gm, rules)
         entries[entry.index] = EntryProgram(entry, gm, meta.arena_inputs(gm), nxt, kind,
                                             None if rules.stable_state else specs)
         if on_entry is not None:
@@ -303,8 +305,20 @@ def _variant_builder(adapter: StreamingAdapter, plan: Plan, rules: Rules, progra
             gm, _ = rewrite_pipeline(bindings, rules, device.type, adapter.step_boundary())(gm)
         nxt = {b.name: b.extent_out for b in bindings if b.carried}
         program = EntryProgram(entry, gm, meta.arena_inputs(gm), nxt, "cudagraph" if rules.replays else "graph")
-        return program, own_bytes(gm, adapter), setup["how"]
+        size = own_bytes(gm, adapter)
+        _compact(gm, rules)
+        return program, size, setup["how"]
     return build
+
+
+#: keep a replayed program's pieces' graphs (debugging: ``CADENCE_FX_KEEP_GRAPHS=1``, read at import)
+KEEP_GRAPHS = os.environ.get("CADENCE_FX_KEEP_GRAPHS", "0") == "1"
+
+
+def _compact(gm: fx.GraphModule, rules: Rules) -> None:
+    """A replayed program keeps its pieces' step lists, not their graphs (``graphs.compact_entry``)."""
+    if rules.replays and not KEEP_GRAPHS:
+        runtime_graphs.compact_entry(gm)
 
 
 def variant_entry(plan: Plan, key: VariantKey) -> CatalogEntry:

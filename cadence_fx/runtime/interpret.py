@@ -147,6 +147,28 @@ def _program(gm: fx.GraphModule) -> tuple:
     return prog
 
 
+def drop_graph(gm: torch.nn.Module) -> bool:
+    """Keep ``gm``'s step list and let its graph go (``graphs.compact_entry``): ``run_piece``
+    walks it from the list; calling it directly, or asking for its code, which would make
+    code from the empty graph, raises instead.  Only a GraphModule without generated code
+    and without hooks (what ``run_piece`` walks); returns whether it was dropped."""
+    if not isinstance(gm, fx.GraphModule) or has_code(gm) or gm._forward_pre_hooks or gm._forward_hooks:
+        return False
+    _program(gm)
+    graph = fx.Graph()
+    graph.owning_module = gm
+    gm._graph = graph  # the property's setter would generate code
+    cls = type(gm)  # its own class (one per GraphModule)
+    for name in ("forward", "_lazy_forward", "recompile", "real_recompile", "_real_recompile", "force_recompile"):
+        setattr(cls, name, _dropped)  # code from the empty graph would compute nothing: raise
+    return True
+
+
+def _dropped(self, *args, **kwargs):
+    raise RuntimeError("this piece's graph was let go once its step list was built (runtime.graphs.compact_entry): "
+                       "run it with runtime.interpret.run_piece")
+
+
 def run_graph_module(gm: fx.GraphModule, args: Sequence[Any]) -> Any:
     """What ``gm(*args)`` computes, by walking its graph (see the module docstring)."""
     blob, size, targets, consts = _program(gm)
