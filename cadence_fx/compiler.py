@@ -47,7 +47,7 @@ from .programs import ProgramStore
 from .programs.entry import specialized_entry
 from .runtime.arena import Arena, copy_strided, zeros_of
 from .runtime.counters import COMPILE_KEYS
-from .runtime import graphs as runtime_graphs
+from .runtime import collector, graphs as runtime_graphs
 from .runtime.graphs import CapturedRegion
 from .runtime.pending import Build, PendingSession
 from .runtime.session import EntryProgram, Executable, Session
@@ -191,7 +191,16 @@ def _compile(adapter: StreamingAdapter, rules: "str | Rules",
              programs: ProgramStore | None = None,
              off_catalog: tuple = (DEFAULT_POLICY, DEFAULT_MAX_ENTRIES, DEFAULT_MAX_BYTES),
              on_entry: Callable[[int, EntryProgram], None] | None = None) -> Executable:
-    """``compile_executable`` without the device check (``rules=""``: stock-state graphs, for tests)."""
+    """``compile_executable`` without the device check (``rules=""``: stock-state graphs, for
+    tests), with Python's collector held through the build (``runtime/collector.py``: its
+    garbage is collected young, before any of it is promoted)."""
+    with collector.held():
+        return _build(adapter, rules, progress, programs, off_catalog, on_entry)
+
+
+def _build(adapter: StreamingAdapter, rules: "str | Rules", progress: Callable[[str], None] | None,
+           programs: ProgramStore | None, off_catalog: tuple,
+           on_entry: Callable[[int, EntryProgram], None] | None) -> Executable:
     rules = _rules(rules)
     device = torch.device(adapter.device)
     plan = build_plan(adapter)
@@ -281,6 +290,10 @@ def _variant_builder(adapter: StreamingAdapter, plan: Plan, rules: Rules, progra
     devices = [device] if device.type == "cuda" else []
 
     def build(key: VariantKey, inputs: dict[str, torch.Tensor]):
+        with collector.held():  # as _compile's
+            return _build_variant(key, inputs)
+
+    def _build_variant(key: VariantKey, inputs: dict[str, torch.Tensor]):
         flags = key.flag_values
         entry = variant_entry(plan, key)
         example = {n: copy_strided(inputs[n]) for n in sig.inputs}
