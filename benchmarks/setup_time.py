@@ -22,7 +22,9 @@ Every cadence_fx length is then streamed against stock (warm-up, growth, trim, s
 a flush), ``torch.equal`` on every waveform and state tensor and SHA-256 of the PCM:
 ``exact`` stands beside every number.  Each cadence_fx row also says how long the
 garbage collector ran inside its ``ready_s`` (``gc``: full collections' seconds and
-count, and the young generations' seconds).  Writes ``DIR/setup-<rules>-<steps>.json``.
+count, and the young generations' seconds), and after it the objects the collector
+tracks (``tracked_objects``: what a full collection walks) and its collections so far
+by generation (``collections``).  Writes ``DIR/setup-<rules>-<steps>.json``.
 """
 
 from __future__ import annotations
@@ -110,6 +112,9 @@ def run_cadence(args) -> dict:
             Path(args.profile).write_text(text.getvalue())
             profile.dump_stats(args.profile + ".prof")  # the raw profile: callers and callees, read anywhere
         exe = opt.session.executable
+        import gc
+        tracked = len(gc.get_objects())  # the heap a full collection would walk now (outside ready_s)
+        gc_gens = [g["collections"] for g in gc.get_stats()]
         tail.set_stream_cache(*prompt)
         chunks = s2.synthetic_chunks(args.chunks, seed=tokens, final_tokens=11)
         report = compare_streams(tail, opt, chunks, device, seed=tokens)
@@ -117,7 +122,7 @@ def run_cadence(args) -> dict:
                      "how": [e["how"] for e in exe.notes["setup"].values()],
                      "split": exe.notes.get("setup_s"),
                      "capture_s": round(opt.session.stats()["setup_s"].get("capture_s", 0.0), 3),
-                     "gc": gc_s,
+                     "gc": gc_s, "tracked_objects": tracked, "collections": gc_gens,
                      "capture_retried": opt.session.stats().get("capture_retried", {}),
                      "exact": bool(report["exact"]),
                      "pcm_sha256": report["pcm_sha256_optimized"], "chunks": len(chunks),

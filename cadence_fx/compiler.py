@@ -20,6 +20,7 @@ Each entry's graph becomes an ``EntryProgram`` of one ``Executable`` (``compile_
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Any, Callable
@@ -46,7 +47,7 @@ from .programs import ProgramStore
 from .programs.entry import specialized_entry
 from .runtime.arena import Arena, copy_strided, zeros_of
 from .runtime.counters import COMPILE_KEYS
-from .runtime import graphs as runtime_graphs
+from .runtime import collector, graphs as runtime_graphs
 from .runtime.graphs import CapturedRegion
 from .runtime.pending import Build, PendingSession
 from .runtime.session import EntryProgram, Executable, Session
@@ -190,7 +191,16 @@ def _compile(adapter: StreamingAdapter, rules: "str | Rules",
              programs: ProgramStore | None = None,
              off_catalog: tuple = (DEFAULT_POLICY, DEFAULT_MAX_ENTRIES, DEFAULT_MAX_BYTES),
              on_entry: Callable[[int, EntryProgram], None] | None = None) -> Executable:
-    """``compile_executable`` without the device check (``rules=""``: stock-state graphs, for tests)."""
+    """``compile_executable`` without the device check (``rules=""``: stock-state graphs, for
+    tests), with Python's collector held through the build (``runtime/collector.py``: its
+    garbage is collected young, before any of it is promoted)."""
+    with collector.held():
+        return _build(adapter, rules, progress, programs, off_catalog, on_entry)
+
+
+def _build(adapter: StreamingAdapter, rules: "str | Rules", progress: Callable[[str], None] | None,
+           programs: ProgramStore | None, off_catalog: tuple,
+           on_entry: Callable[[int, EntryProgram], None] | None) -> Executable:
     rules = _rules(rules)
     device = torch.device(adapter.device)
     plan = build_plan(adapter)
@@ -253,6 +263,7 @@ def _compile(adapter: StreamingAdapter, rules: "str | Rules",
                                                    for p, r in zip(pipeline.passes, results))
         nxt = {b.name: b.extent_out for b in bindings if b.carried}
         kind = "cudagraph" if rules.replays else "graph"
+        _compact(gm, rules)
         entries[entry.index] = EntryProgram(entry, gm, meta.arena_inputs(gm), nxt, kind,
                                             None if rules.stable_state else specs)
         if on_entry is not None:
@@ -279,6 +290,10 @@ def _variant_builder(adapter: StreamingAdapter, plan: Plan, rules: Rules, progra
     devices = [device] if device.type == "cuda" else []
 
     def build(key: VariantKey, inputs: dict[str, torch.Tensor]):
+        with collector.held():  # as _compile's
+            return _build_variant(key, inputs)
+
+    def _build_variant(key: VariantKey, inputs: dict[str, torch.Tensor]):
         flags = key.flag_values
         entry = variant_entry(plan, key)
         example = {n: copy_strided(inputs[n]) for n in sig.inputs}
@@ -303,8 +318,20 @@ def _variant_builder(adapter: StreamingAdapter, plan: Plan, rules: Rules, progra
             gm, _ = rewrite_pipeline(bindings, rules, device.type, adapter.step_boundary())(gm)
         nxt = {b.name: b.extent_out for b in bindings if b.carried}
         program = EntryProgram(entry, gm, meta.arena_inputs(gm), nxt, "cudagraph" if rules.replays else "graph")
-        return program, own_bytes(gm, adapter), setup["how"]
+        size = own_bytes(gm, adapter)
+        _compact(gm, rules)
+        return program, size, setup["how"]
     return build
+
+
+#: keep a replayed program's pieces' graphs (debugging: ``CADENCE_FX_KEEP_GRAPHS=1``, read at import)
+KEEP_GRAPHS = os.environ.get("CADENCE_FX_KEEP_GRAPHS", "0") == "1"
+
+
+def _compact(gm: fx.GraphModule, rules: Rules) -> None:
+    """A replayed program keeps its pieces' step lists, not their graphs (``graphs.compact_entry``)."""
+    if rules.replays and not KEEP_GRAPHS:
+        runtime_graphs.compact_entry(gm)
 
 
 def variant_entry(plan: Plan, key: VariantKey) -> CatalogEntry:

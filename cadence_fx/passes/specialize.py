@@ -22,7 +22,7 @@ node names), checked in ``tests/passes/test_specialize.py``; it runs no model co
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from typing import Callable, Hashable, Mapping
 
 import torch
 import torch.fx as fx
@@ -136,7 +136,7 @@ def _lazy_module(gm: fx.GraphModule) -> fx.GraphModule:
 def shared_form(sym: SymbolicStep, inside: "Callable[[fx.Node], bool]") -> fx.GraphModule:
     """``sym``'s graph with its alike repeated calls outlined (``step_share``), made once
     per symbolic step and kept with it (``sym.gm`` itself is never changed)."""
-    key = ("shared form", inside.__code__ if hasattr(inside, "__code__") else inside)
+    key = ("shared form", _predicate_key(inside))
     hit = sym.static_values.get(key)
     if hit is None:
         graph = fx.Graph()
@@ -144,6 +144,22 @@ def shared_form(sym: SymbolicStep, inside: "Callable[[fx.Node], bool]") -> fx.Gr
         hit, record = share_calls(module_without_code(sym.gm, graph), inside)
         sym.static_values[key] = hit = hit if record.shared else sym.gm  # nothing alike: no second copy
     return hit
+
+
+def _predicate_key(inside: Callable) -> Hashable:
+    """What decides ``inside``'s answers, as a memo key: an adapter hands a new closure each
+    time, so its code, defaults and captured values (when hashable); otherwise the
+    predicate itself (a new one outlines again: a cost, never another predicate's form)."""
+    code = getattr(inside, "__code__", None)
+    if code is None:
+        return inside
+    try:
+        cells = tuple(c.cell_contents for c in (inside.__closure__ or ()))
+        key = (code, getattr(inside, "__defaults__", None), cells)
+        hash(key)
+    except (TypeError, ValueError):  # an unhashable or empty cell
+        return inside
+    return key
 
 
 def _bound_copy(sym: SymbolicStep, binding: Mapping, dims: Mapping[str, int],

@@ -48,8 +48,8 @@ import torch
 from ..errors import CadenceError
 from ..plan import same_layout
 from . import collector
-from .pools import GraphPool, StaticCopies, copyable, need
-from .interpret import run_piece
+from .pools import GraphPool, StaticCopies, copyable, nbytes
+from .interpret import drop_graph, run_piece
 
 
 #: record a shared step's call once per entry and replay it at every call (module docstring);
@@ -405,7 +405,11 @@ def shared_regions(parent: torch.fx.GraphModule) -> dict[str, str]:
     one call of the same submodule, alike (``_lone_call``), every one after the first,
     where every use of each call's outputs comes before the next call.  A use is followed
     through what may alias the outputs: items, eager pieces' results, and the results of a
-    region that writes into them; a region that takes them as a copied input ends it."""
+    region that writes into them; a region that takes them as a copied input ends it.
+    An executable's entry answers from what ``compact_entry`` kept (its pieces' graphs gone)."""
+    kept = parent.meta.get(_KEPT_SHARED)
+    if kept is not None:
+        return dict(kept)
     nodes = list(parent.graph.nodes)
     pos = {n: i for i, n in enumerate(nodes)}
     groups: dict[tuple, list[torch.fx.Node]] = {}
@@ -460,12 +464,36 @@ def reserve_copies(pool, parents: Sequence[torch.fx.GraphModule], device: torch.
     if not SHARE_CALLS or not isinstance(pool, GraphPool):
         return
     firsts = [set(shared_regions(p).values()) for p in parents]
-    entries = [[t for n in p.graph.nodes if n.op == "call_module" and n.target in first for t in _copied(p, n)]
-               for p, first in zip(parents, firsts)]
+    sizes = [p.meta[_KEPT_COPIED] if _KEPT_COPIED in p.meta else
+             [nbytes(t) for n in p.graph.nodes if n.op == "call_module" and n.target in first for t in _copied(p, n)]
+             for p, first in zip(parents, firsts)]
     try:
-        pool.copies.reserve(need(entries), device) if any(entries) else None
+        pool.copies.reserve(max(map(sum, sizes), default=0), device) if any(sizes) else None
     except torch.OutOfMemoryError:  # each copy then allocates at its capture (an entry's OOM: eager)
         pass
+
+
+_KEPT_SHARED, _KEPT_COPIED = "cadence_fx.shared_regions", "cadence_fx.copied_bytes"
+
+
+def compact_entry(parent: torch.fx.GraphModule) -> int:
+    """Let an executable entry's pieces' graphs go, keeping what sessions read from them:
+    each piece's step list (``interpret.drop_graph``: what capture and a refused replay
+    walk), ``shared_regions`` and the bytes its first calls copy (``reserve_copies``).  A
+    kept executable then leaves the garbage collector a few objects a piece, not several
+    a node (docs/architecture.md, "Fewer objects for the collector to walk").  A trivial
+    piece (run as is) and one with generated code keep theirs, and so does a submodule a
+    piece calls (a shared step: other programs may share it).  Returns the pieces dropped."""
+    follows = shared_regions(parent)
+    firsts = set(follows.values())
+    parent.meta[_KEPT_COPIED] = [nbytes(t) for n in parent.graph.nodes if n.op == "call_module"
+                                 and n.target in firsts for t in _copied(parent, n)]
+    parent.meta[_KEPT_SHARED] = follows
+    dropped = 0
+    for mod in parent.children():
+        if isinstance(mod, CapturedRegion) and not mod.trivial and drop_graph(mod.piece):
+            dropped += 1
+    return dropped
 
 
 def _release_generator(pool, stream) -> "tuple[bool, torch.cuda.CUDAGraph]":

@@ -17,13 +17,16 @@ code would:
   in ``torch.fx.graph``): tensors are freed in the same order, so a capture allocates
   from its memory pool as it does under the generated code.
 
-A piece whose code is already generated is called as is (``run_piece``).
+A piece whose code is already generated is called as is (``run_piece``).  The step list
+a walk follows is built once per piece and kept as bytes (below): a kept executable's
+step lists leave the garbage collector almost nothing to walk.
 ``tests/runtime/test_interpret.py`` checks both against the generated code on graphs
 of every kind of node, and the GPU suite checks captured entries against stock.
 """
 
 from __future__ import annotations
 
+import marshal
 import weakref
 from typing import Any, Sequence
 
@@ -51,47 +54,52 @@ def run_piece(piece: torch.nn.Module, args: Sequence[Any]) -> Any:
     return piece(*args)
 
 
-class _Ref:
-    """A node's value in the walk's environment (slot ``i``)."""
+# A step list is kept as one ``marshal`` blob (bytes, which the garbage collector never
+# tracks) beside two lists, the call targets and the constants marshal cannot hold
+# (dtypes, devices...), so that a kept executable adds a few objects a piece for the
+# collector to walk, not several a node (docs/architecture.md, "Fewer objects for the
+# collector to walk"; benchmarks/compact_programs.py).  In the blob a node's value is
+# ``("r", slot)``, a constant ``("c", index)``, and a tuple, list, dict or slice literal a
+# tuple tagged with its kind.
+_REF, _CONST, _TUPLE, _LIST, _DICT, _SLICE = "r", "c", "t", "l", "d", "s"
+_ATOMS = (int, float, complex, str, bytes, type(None))  # what marshal keeps as it is (bool: an int)
 
-    __slots__ = ("i",)
 
-    def __init__(self, i: int):
-        self.i = i
-
-
-def _template(a: Any, slot: dict) -> tuple[Any, bool]:
-    """``a`` with every node replaced by its ``_Ref``, and whether it must be rebuilt per
-    call (it holds a node, a list or a dict): built as plain tuples, lists, dicts and
-    slices, which is what the generated code's literals build (fx stores immutable ones)."""
+def _encode(a: Any, slot: dict, consts: list) -> Any:
+    """``a`` with every node replaced by its slot, every container by a tagged tuple and
+    every other object by its index in ``consts``."""
     if isinstance(a, fx.Node):
-        return _Ref(slot[a]), True
-    if isinstance(a, tuple) and not hasattr(a, "_fields"):
-        items = [_template(x, slot) for x in a]
-        return tuple(t for t, _ in items), any(d for _, d in items)
+        return (_REF, slot[a])
+    if isinstance(a, tuple) and not hasattr(a, "_fields"):  # torch.Size too: built as a plain tuple
+        return (_TUPLE,) + tuple(_encode(x, slot, consts) for x in a)
     if isinstance(a, list):
-        return [_template(x, slot)[0] for x in a], True
+        return (_LIST,) + tuple(_encode(x, slot, consts) for x in a)
     if isinstance(a, dict):
-        return {k: _template(v, slot)[0] for k, v in a.items()}, True
+        return (_DICT,) + tuple((_encode(k, slot, consts), _encode(v, slot, consts)) for k, v in a.items())
     if isinstance(a, slice):
-        items = [_template(x, slot) for x in (a.start, a.stop, a.step)]
-        return (slice(*(t for t, _ in items)), True) if any(d for _, d in items) else (a, False)
-    return a, False
+        return (_SLICE, _encode(a.start, slot, consts), _encode(a.stop, slot, consts), _encode(a.step, slot, consts))
+    if type(a) in _ATOMS or type(a) is bool:
+        return a
+    consts.append(a)  # a dtype, a device, a named tuple...: passed as the very object
+    return (_CONST, len(consts) - 1)
 
 
-def _load(t: Any, env: list) -> Any:
-    tt = type(t)
-    if tt is _Ref:
-        return env[t.i]
-    if tt is tuple:
-        return tuple([_load(x, env) for x in t])
-    if tt is list:
-        return [_load(x, env) for x in t]
-    if tt is dict:
-        return {k: _load(v, env) for k, v in t.items()}
-    if tt is slice:
-        return slice(_load(t.start, env), _load(t.stop, env), _load(t.step, env))
-    return t
+def _load(t: Any, env: list, consts: list) -> Any:
+    """What the generated code's literal builds: plain tuples, lists, dicts and slices."""
+    if type(t) is not tuple:
+        return t
+    kind = t[0]
+    if kind == _REF:
+        return env[t[1]]
+    if kind == _CONST:
+        return consts[t[1]]
+    if kind == _TUPLE:
+        return tuple([_load(x, env, consts) for x in t[1:]])
+    if kind == _LIST:
+        return [_load(x, env, consts) for x in t[1:]]
+    if kind == _DICT:
+        return {_load(k, env, consts): _load(v, env, consts) for k, v in t[1:]}
+    return slice(_load(t[1], env, consts), _load(t[2], env, consts), _load(t[3], env, consts))
 
 
 def _program(gm: fx.GraphModule) -> tuple:
@@ -110,6 +118,9 @@ def _program(gm: fx.GraphModule) -> tuple:
                 seen.add(a)
                 frees[i].append(slot[a])
     steps = []
+    targets: list = []  # call_function targets, by index
+    consts: list = []
+    index: dict[int, int] = {}
     inputs: list[int] = []
     output = None
     for i, n in enumerate(nodes):
@@ -119,33 +130,58 @@ def _program(gm: fx.GraphModule) -> tuple:
             inputs.append(i)
             continue
         if n.op == "output":
-            output = _template(n.args[0], slot)[0]
+            output = _encode(n.args[0], slot, consts)
             break
         free = list(frees[i])
         if not n.users:
             free.append(i)
-        args, args_dynamic = _template(tuple(n.args), slot)
-        kwargs, kwargs_dynamic = _template(dict(n.kwargs), slot)
-        steps.append((i, n.op, n.target, args, args_dynamic, kwargs, bool(kwargs), tuple(free)))
-    prog = (slot, tuple(inputs), tuple(steps), output, len(nodes))
+        target = n.target
+        if n.op == "call_function":
+            target = index.setdefault(id(n.target), len(targets))
+            if target == len(targets):
+                targets.append(n.target)
+        steps.append((i, n.op, target, _encode(tuple(n.args), slot, consts), _encode(dict(n.kwargs), slot, consts),
+                      tuple(free)))
+    prog = (marshal.dumps((tuple(inputs), tuple(steps), output)), len(nodes), targets, consts)
     _PROGRAMS[gm] = prog
     return prog
 
 
+def drop_graph(gm: torch.nn.Module) -> bool:
+    """Keep ``gm``'s step list and let its graph go (``graphs.compact_entry``): ``run_piece``
+    walks it from the list; calling it directly, or asking for its code, which would make
+    code from the empty graph, raises instead.  Only a GraphModule without generated code
+    and without hooks (what ``run_piece`` walks); returns whether it was dropped."""
+    if not isinstance(gm, fx.GraphModule) or has_code(gm) or gm._forward_pre_hooks or gm._forward_hooks:
+        return False
+    _program(gm)
+    graph = fx.Graph()
+    graph.owning_module = gm
+    gm._graph = graph  # the property's setter would generate code
+    cls = type(gm)  # its own class (one per GraphModule)
+    for name in ("forward", "_lazy_forward", "recompile", "real_recompile", "_real_recompile", "force_recompile"):
+        setattr(cls, name, _dropped)  # code from the empty graph would compute nothing: raise
+    return True
+
+
+def _dropped(self, *args, **kwargs):
+    raise RuntimeError("this piece's graph was let go once its step list was built (runtime.graphs.compact_entry): "
+                       "run it with runtime.interpret.run_piece")
+
+
 def run_graph_module(gm: fx.GraphModule, args: Sequence[Any]) -> Any:
     """What ``gm(*args)`` computes, by walking its graph (see the module docstring)."""
-    slot, inputs, steps, output, size = _program(gm)
+    blob, size, targets, consts = _program(gm)
+    inputs, steps, output = marshal.loads(blob)
     if len(args) != len(inputs):
         raise TypeError(f"{type(gm).__name__} takes {len(inputs)} arguments, got {len(args)}")
     env: list[Any] = [None] * size
     for i, a in zip(inputs, args):
         env[i] = a
-    for i, op, target, a, a_dynamic, kw, has_kw, free in steps:
-        if a_dynamic:
-            a = _load(a, env)
-        kw = _load(kw, env) if has_kw else {}
+    for i, op, target, a, kw, free in steps:
+        a, kw = _load(a, env, consts), _load(kw, env, consts)
         if op == "call_function":
-            env[i] = target(*a, **kw)
+            env[i] = targets[target](*a, **kw)
         elif op == "get_attr":
             env[i] = attr(gm, target)
         elif op == "call_method":
@@ -157,4 +193,4 @@ def run_graph_module(gm: fx.GraphModule, args: Sequence[Any]) -> Any:
             raise RuntimeError(f"unexpected node op {op!r}")
         for j in free:
             env[j] = None
-    return _load(output, env)
+    return _load(output, env, consts)

@@ -9,6 +9,7 @@ same specialization as the flush: its own symbolic step, another trace here.)"""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import cadence_fx
@@ -47,8 +48,9 @@ def test_three_steps_share_one_step_through_voices_flushes_and_a_reset():
         session.close()
 
 
+@pytest.mark.parametrize("compact", [False, True])
 @torch.inference_mode()  # as the drop-in steps (its arena is made under it)
-def test_captured_the_later_calls_replay_one_graph_and_compute_what_the_program_computes(monkeypatch):
+def test_captured_the_later_calls_replay_one_graph_and_compute_what_the_program_computes(monkeypatch, compact):
     """``SHARE_CALLS`` on the mini model's real entries, with capture and replay faked on
     the CPU (helpers/fake_capture.py): each entry's rule-S graph through the replay passes
     with the calls apart; the second later step's call replays the first's graph, its
@@ -57,12 +59,16 @@ def test_captured_the_later_calls_replay_one_graph_and_compute_what_the_program_
     share one buffer sized before capture (each entry's copies from its start) and their
     graphs one pool apart from the rest.  A stream from the voice's set-up (entries 0, 1,
     2, 2: warm-up, growth, trim, steady): every chunk's waveform and the whole arena after
-    it are what the rule-S graphs compute from the same state and draws."""
+    it are what the rule-S graphs compute from the same state and draws.  ``compact``: the
+    lowered entries first let their pieces' graphs go, as the compiler does
+    (``graphs.compact_entry``): capture and replay walk the kept step lists, the shared
+    calls and copy sizes come from what it kept, and the results are the same."""
     from cadence_fx.passes.istft_check import IstftWithoutHostRead
     from cadence_fx.passes.lower_cudagraph import LowerCudaGraph
     from cadence_fx.passes.partition import Partition
     from cadence_fx.runtime.pools import need, nbytes
-    from cadence_fx.runtime.graphs import CapturedRegion, GraphPool, capture_entry, fresh_regions, reserve_copies
+    from cadence_fx.runtime.graphs import (CapturedRegion, GraphPool, capture_entry, compact_entry, fresh_regions,
+                                           reserve_copies)
 
     from helpers.fake_capture import fake_capture, flat
     tail = mini_tail(n_timesteps=3, seed=5)
@@ -73,13 +79,20 @@ def test_captured_the_later_calls_replay_one_graph_and_compute_what_the_program_
     exe, arena = session.executable, session.arena.storage
     set_up = arena.clone()
     fake_capture(monkeypatch)
-    pool, parents = GraphPool(), {}
+    pool, parents, call_names = GraphPool(), {}, {}
     for idx, program in sorted(exe.programs.items()):
         graph = torch.fx.Graph()
         graph.output(graph.graph_copy(program.run.graph, {}))
         gm = torch.fx.GraphModule(program.run, graph)
         IstftWithoutHostRead()(gm)
         parent = LowerCudaGraph(CapturedRegion)(Partition(None, "chunk", calls_apart=True)(gm).graph_module).graph_module
+        call_names[idx] = [name for name, m in parent.named_children() if isinstance(m, CapturedRegion)
+                           and any(n.op == "call_module" for n in m.piece.graph.nodes)]
+        if compact:
+            pieces = [m.piece for m in parent.children() if isinstance(m, CapturedRegion) and not m.trivial]
+            assert compact_entry(parent) == len(pieces) and all(len(p.graph.nodes) == 0 for p in pieces)
+            with pytest.raises(RuntimeError, match="let go"):
+                pieces[0](*[None] * 3)  # a direct call would run code made from the empty graph
         parents[idx] = fresh_regions(parent)
     reserve_copies(pool, list(parents.values()), CPU)
     reserved = pool.copies.buffer.numel()
@@ -91,8 +104,7 @@ def test_captured_the_later_calls_replay_one_graph_and_compute_what_the_program_
             assert capture_entry(regions, [example[n] for n in exe.inputs] + session._state_args(program), pool,
                                  session._bound_storage()) == {}
         arena.copy_(set_up)  # capture ran the entry on the arena
-        calls = [m for m in regions.children() if isinstance(m, CapturedRegion)
-                 and any(n.op == "call_module" for n in m.piece.graph.nodes)]
+        calls = [regions.get_submodule(n) for n in call_names[idx]]
         assert len(calls) == 2 and calls[1].leader is calls[0] and calls[0].copy_reads, idx
         assert not all(calls[0].bound) and any(calls[0].bound)  # the slot copied, the scratch bound
         assert calls[0].graph.pool is pool.leaders.handle and pool.leaders.handle is not pool.handle

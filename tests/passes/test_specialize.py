@@ -188,3 +188,18 @@ def test_a_module_without_code_refuses_to_run_until_recompiled():
     gm.recompile()
     assert torch.equal(gm(x), traced(x))
     assert torch.equal(traced(x), torch.tensor([3.0, 4.0]))  # the root's own code is untouched
+
+
+def test_a_shared_form_is_kept_per_what_decides_the_predicate():
+    """``shared_form`` keeps one outlined form per predicate: an adapter hands a new closure
+    at each call (the same answers: the same form), but two closures of one code that
+    captured other values answer differently and must not share one."""
+    from cadence_fx.passes.specialize import _predicate_key
+
+    def make(scope):
+        return lambda n: scope in str(n)
+    assert _predicate_key(make("estimator")) == _predicate_key(make("estimator"))
+    assert _predicate_key(make("estimator")) != _predicate_key(make("vocoder"))
+    held = [1]
+    unhashable = (lambda n: n in held)
+    assert _predicate_key(unhashable) != _predicate_key(lambda n: n in held)  # each its own

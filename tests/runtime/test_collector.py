@@ -1,5 +1,6 @@
 """``runtime.collector.held``: Python's collector off while CUDA graphs are captured (a
-finalizer mid-capture invalidates it or aborts the process), back on after, as the caller had it."""
+finalizer mid-capture invalidates it or aborts the process) and while a program is built
+(its garbage collected young, not promoted), back on after, as the caller had it."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 
 from cadence_fx.runtime import collector
 
-from helpers.toy_models import ToyAdapter, make_toy, toy_prompt
+from helpers.toy_models import CHANNELS, ToyAdapter, make_toy, toy_prompt
 
 
 @pytest.fixture(autouse=True)
@@ -35,11 +36,58 @@ def test_held_nests_restores_and_survives_errors():
     assert gc.isenabled()
 
 
+class _Collections:
+    """The collections ``gc`` runs while the block is open, by generation."""
+
+    def __enter__(self):
+        self.seen = []
+        gc.callbacks.append(self._on)
+        return self
+
+    def _on(self, phase, info):
+        if phase == "start":
+            self.seen.append(info["generation"])
+
+    def __exit__(self, *exc):
+        gc.callbacks.remove(self._on)
+
+
+class _Cycle:
+    def __init__(self):
+        self.me = self
+
+
+def test_the_last_block_ends_with_one_young_collection_of_what_it_left():
+    with _Collections() as c:
+        with collector.held():
+            with collector.held():
+                for _ in range(5000):  # past the young threshold: held, nothing is collected
+                    _Cycle()
+            assert c.seen == [] and gc.get_count()[0] >= 5000  # the inner block's end collects nothing
+        assert c.seen == [1]  # generations 0 and 1, once, before the collector came back
+    assert gc.isenabled() and gc.get_count()[0] < 700
+
+
+def test_a_finalizer_run_by_the_young_collection_may_hold_it_again():
+    entered = []
+
+    class Finalized(_Cycle):
+        def __del__(self):
+            with collector.held():
+                entered.append(gc.isenabled())
+
+    with collector.held():
+        Finalized()
+    assert entered == [False] and gc.isenabled()
+
+
 def test_a_collector_the_caller_disabled_stays_disabled():
     gc.disable()
-    with collector.held():
-        assert not gc.isenabled()
-    assert not gc.isenabled()
+    with _Collections() as c:
+        with collector.held():
+            assert not gc.isenabled()
+            _Cycle()
+    assert not gc.isenabled() and c.seen == []  # and nothing was collected for it
 
 
 def test_concurrent_blocks_hold_it_until_the_last_ends():
@@ -59,6 +107,25 @@ def test_concurrent_blocks_hold_it_until_the_last_ends():
     release.set()
     t.join(5)
     assert seen == [False] and gc.isenabled()
+
+
+def test_a_build_runs_with_the_collector_held(monkeypatch):
+    """``compile_executable`` (trace, passes) and an off-catalog variant's build: the
+    collector off inside each, on after."""
+    from cadence_fx import compiler
+
+    during = []
+    trace = compiler.trace_step
+    monkeypatch.setattr(compiler, "trace_step", lambda *a, **k: during.append(gc.isenabled()) or trace(*a, **k))
+    adapter = ToyAdapter(make_toy(4), 2)
+    exe = compiler.compile_executable(adapter, "S")
+    assert during == [False] * len(exe.plan.catalog) and gc.isenabled()
+    exe = compiler.compile_executable(adapter, "S", off_catalog="specialize")
+    session = adapter.open_session(exe, toy_prompt(2))
+    x = torch.randn(1, CHANNELS, 2, generator=torch.Generator().manual_seed(0))  # a short chunk: off the catalog
+    session.step({"x": x})
+    assert session.stats()["specializations"]["built"] == 1
+    assert during[-1] is False and gc.isenabled() and len(during) == 2 * len(exe.plan.catalog) + 1
 
 
 def test_capture_runs_with_the_collector_held(monkeypatch):

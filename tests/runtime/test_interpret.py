@@ -142,3 +142,39 @@ def test_run_piece_uses_generated_code_where_there_is_some(monkeypatch):
     assert calls == [gm] and has_code(gm)
     plain = torch.nn.Linear(2, 2)
     assert torch.equal(run_piece(plain, (torch.ones(1, 2),)), plain(torch.ones(1, 2)))
+
+
+def test_a_step_list_leaves_the_collector_a_few_objects_a_graph():
+    """A kept executable's step lists add almost nothing for the garbage collector to walk
+    (docs/architecture.md, "Fewer objects for the collector to walk"): a graph's steps are
+    one bytes blob (never tracked) beside its list of call targets and its list of
+    constants; a walk of it equals the generated code (the test above)."""
+    import gc
+    from cadence_fx.runtime.interpret import _program
+    gm = _traced()
+    run_graph_module(gm, _inputs())  # builds and keeps its step list
+    blob, size, targets, consts = _program(gm)
+    assert isinstance(blob, bytes) and not gc.is_tracked(blob)
+    assert size == len(gm.graph.nodes) and targets and all(callable(t) for t in targets)
+    assert all(not isinstance(c, (fx.Node, tuple, list, dict)) for c in consts)  # dtypes, devices...
+
+
+def test_a_dropped_graph_is_walked_from_its_step_list_and_never_called_as_code():
+    """``drop_graph`` (what ``graphs.compact_entry`` does to a replayed entry's pieces): the
+    graph goes, the walk equals the generated code as before, and anything that would make
+    code from the empty graph raises (a direct call, ``.code``, printing it) rather than
+    computing nothing."""
+    from cadence_fx.runtime.interpret import drop_graph
+    want, want_state = _run_both(_traced(), lambda g, a: g(*a))
+    gm = _traced()
+    assert drop_graph(gm) and len(gm.graph.nodes) == 0 and not has_code(gm)
+    got, got_state = _run_both(gm, run_piece)
+    assert torch.equal(got_state, want_state)
+    assert all(torch.equal(a, b) for a, b in zip(torch.utils._pytree.tree_leaves(got),
+                                                 torch.utils._pytree.tree_leaves(want)))
+    for call in (lambda: gm(*_inputs()), lambda: gm.code, lambda: str(gm)):
+        with pytest.raises(RuntimeError, match="let go"):
+            call()
+    coded = _traced()
+    coded(*_inputs())  # code generated: it runs as code, so it keeps its graph
+    assert not drop_graph(coded) and len(coded.graph.nodes) > 0
