@@ -24,7 +24,7 @@ from ..foreground import forked_rng, in_background
 from ..passes.specialize import specialize
 from ..passes.trace_symbolic import ModuleStateChanged, SymbolicStep, trace_symbolic
 from ..plan import CatalogEntry, Plan
-from ..runtime.arena import zeros_of
+from ..runtime.arena import empty_of, zeros_of
 from .shapes import NotAffine, symbolic_shapes
 from .store import ProgramStore, symbolic_key
 
@@ -138,7 +138,7 @@ def specialized_entry(adapter, plan_at: Callable[[dict], Plan], plan: Plan, entr
         setup["reason"] = why
         return None
     tensors = {f"in_{n}": t for n, t in example.items()}
-    tensors.update({f"state_{r}": zeros_of(entry.regions[r], device) for r in sig.regions})
+    tensors.update({f"state_{r}": empty_of(entry.regions[r], device) for r in sig.regions})  # shapes only
     at = {d: dims[d] for d in symbolic}
     prepare = lambda: run_once(adapter, entry, by_region, device, example, flags)  # noqa: E731 - a table moved on first use
     refusals = []

@@ -20,6 +20,13 @@ def zeros_of(spec, device: "torch.device | str | None" = None) -> torch.Tensor:
                        device=device if device is not None else spec.device)
 
 
+def empty_of(spec, device: "torch.device | str | None" = None) -> torch.Tensor:
+    """``zeros_of`` without the fill: a tensor only its shape, dtype and device are read
+    from (a specialization's placeholders; the state a trace runs on wants zeros)."""
+    return torch.empty(spec.shape, dtype=getattr(torch, spec.dtype),
+                       device=device if device is not None else spec.device)
+
+
 def copy_strided(t: torch.Tensor) -> torch.Tensor:
     """A copy of ``t`` with its strides (a program is exact for the layout it was traced at,
     and the eager path sees the layouts it would see on the arena: the same kernels run)."""
