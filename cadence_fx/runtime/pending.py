@@ -63,9 +63,9 @@ import torch
 
 from ..foreground import background, make_way, yielded_s
 from ..plan import CatalogEntry
-from . import device_work
+from . import collector, device_work
 from .counters import SetupTimes
-from .session import Executable, Session, check_idle_seconds
+from .session import Executable, Session, check_idle_seconds, time_left
 
 #: the counted reason of a chunk that ran before its executable was ready
 WAITING = "building in the background (eager until ready)"
@@ -351,9 +351,10 @@ class PendingSession(Session):
         no later chunk pays that capture (a chunk that needs an uncaptured entry still
         captures it itself).  Never waits: it stops when a build holds the device (that
         build lets a capture in after its next entry), when ``seconds`` have passed
-        (checked between entries: one capture may run past it), or when nothing is left.
-        Returns the entries captured; ``stats()["background"]`` sums them up
-        (``captured_idle``, ``idle_s``)."""
+        (checked between entries: one capture may run past it), or when nothing is left;
+        then a full garbage collection that is due, if the time left allows
+        (``collector.collect_if_due``).  Returns the entries captured;
+        ``stats()["background"]`` sums them up (``captured_idle``, ``idle_s``)."""
         check_idle_seconds(seconds)
         t0 = time.perf_counter()
         done: list[int] = []
@@ -374,6 +375,7 @@ class PendingSession(Session):
                     done.append(index)
             self._idle_captured.extend(done)
             self._idle_s += time.perf_counter() - t0
+        collector.collect_if_due(time_left(seconds, t0))  # a due full collection, where the budget allows
         return done
 
     def _capture_entry(self, index: int, inputs: Mapping[str, torch.Tensor]) -> str | None:

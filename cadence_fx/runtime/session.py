@@ -319,11 +319,14 @@ class Session:
 
     def idle(self, seconds: float | None = None) -> list[int]:
         """Use time between chunks for work a chunk would otherwise pay (``PendingSession``:
-        capturing the entries its build handed over).  Returns the entries captured: none
-        here, where set-up captured every entry."""
+        capturing the entries its build handed over; here and there, a full garbage
+        collection that is due, ``collector.collect_if_due``).  Returns the entries
+        captured: none here, where set-up captured every entry."""
         check_idle_seconds(seconds)
+        t0 = time.perf_counter()
         with self._exclusive("idle"):
             self._check_usable("idle")
+        collector.collect_if_due(time_left(seconds, t0))
         return []
 
     def close(self) -> None:

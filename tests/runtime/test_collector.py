@@ -147,3 +147,40 @@ def test_capture_runs_with_the_collector_held(monkeypatch):
     program = exe.programs[0].run
     _, failed, error = graphs.capture_variant(program, [], "pool", None, None, torch.device("cpu"))
     assert (failed, error) == ({}, None) and during[-1] is False and gc.isenabled()
+
+
+def test_a_full_collection_comes_due_from_what_held_blocks_keep_and_runs_where_time_allows():
+    """``collect_if_due``: held blocks' young collections count what they find alive;
+    once that passes an eighth of what the last full collection kept, one full
+    collection runs, but not where ``seconds`` are fewer than the last one took, nor
+    while a block holds the collector; any full collection starts the count again."""
+    gc.collect()  # the count starts again
+    assert collector.stats()["promoted"] == 0 and not collector.collect_if_due()  # nothing kept since
+    kept = len(gc.get_objects())
+    alive = []
+    with collector.held():
+        alive.extend([i] for i in range(kept // 8 + 1000))  # lists: tracked objects, kept past the block
+    assert collector.stats()["promoted"] >= kept // 8 + 1000
+    assert collector.stats()["kept"] is None  # counted when a collection may be due, not before
+    with collector.held():
+        assert not collector.collect_if_due()  # never inside a held block
+    full_s = collector.stats()["full_s"]
+    assert full_s is not None and full_s > 0  # the gc.collect() above was timed
+    with _Collections() as c:
+        assert not collector.collect_if_due(seconds=0.0)  # no time for it
+        assert c.seen == []
+        ran = collector.stats()["idle_collections"]
+        assert collector.collect_if_due(seconds=None)
+        assert c.seen == [2] and collector.stats()["idle_collections"] == ran + 1
+    assert collector.stats()["promoted"] == 0 and not collector.collect_if_due()
+    del alive
+
+
+def test_idle_runs_a_due_full_collection_with_the_time_left(monkeypatch):
+    adapter = ToyAdapter(make_toy(4), 2)
+    from cadence_fx import compiler
+    session = adapter.open_session(compiler.compile_executable(adapter, "S"), toy_prompt(2))
+    budgets = []
+    monkeypatch.setattr(collector, "collect_if_due", lambda seconds=None: budgets.append(seconds) or False)
+    assert session.idle(5.0) == [] and session.idle() == []
+    assert budgets[1] is None and 0 < budgets[0] <= 5.0

@@ -22,7 +22,7 @@ from cadence_fx.errors import InputError, SessionClosed
 
 def test_idle_captures_each_landed_entry_once_between_chunks_and_never_waits(monkeypatch):
     from cadence_fx import compiler
-    from cadence_fx.runtime import device_work, graphs
+    from cadence_fx.runtime import collector, device_work, graphs
     from cadence_fx.runtime.pending import WAITING, Build, PendingSession
     from helpers.toy_models import ToyAdapter, assert_lockstep_exact, make_toy, toy_inputs, toy_prompt
 
@@ -71,7 +71,9 @@ def test_idle_captures_each_landed_entry_once_between_chunks_and_never_waits(mon
             with pytest.raises(InputError, match=r"idle\(seconds=...\) takes None .* or a number of seconds >= 0"):
                 session.idle(bad)
         assert captured == [] and session.stats()["background"]["captured_idle"] == []
-        assert session.idle() == [0, 1, 2]
+        budgets = []  # after its captures, a due full collection with the time left (collector.collect_if_due)
+        monkeypatch.setattr(collector, "collect_if_due", lambda seconds=None: budgets.append(seconds) or False)
+        assert session.idle() == [0, 1, 2] and budgets == [None]
         # once each, in catalog order, on this thread; the first warmed the session's new stream
         assert captured == [(0, True, True), (1, False, True), (2, False, True)]
         assert session.idle() == []  # nothing left
