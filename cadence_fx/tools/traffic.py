@@ -479,12 +479,21 @@ def _report(args, rules: str, convos, live, rows, device, percentile, idle=()) -
         "build_share": foreground.build_share(),
         "idle": args.idle, "idle_s": round(sum(s for s, _ in idle), 3), "captured_idle": sum(n for _, n in idle),
         "specializations": _specializations(live),
+        "collector": _collector(),
         "ttfa_ms_p50": round(percentile(ttfa, 50), 1), "stock_ttfa_ms_p50": round(percentile(stock_ttfa, 50), 1),
         "chunk_ms_p50": p50, "chunk_ms_p99": p99, "stock_chunk_ms_p50": s50, "stock_chunk_ms_p99": s99,
         "peak_mib": round(torch.cuda.max_memory_allocated(device) / 2**20, 1) if device.type == "cuda" else None,
         **(_paced_report(args, rows, per, percentile) if args.pace else {"pace": False}),
         "per_conversation": per, "per_chunk": rows,
     }
+
+
+def _collector() -> dict:
+    """Python's collector over the process so far: full collections run (``full_collections``,
+    anyone's) and ``runtime.collector.stats()`` (``idle_collections``: those idle time ran)."""
+    import gc
+    from ..runtime import collector
+    return {"full_collections": gc.get_stats()[2]["collections"], **collector.stats()}
 
 
 def _paced_report(args, rows, per, percentile) -> dict:

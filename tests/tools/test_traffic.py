@@ -76,6 +76,7 @@ def test_traffic_is_exact_and_every_chunk_runs_the_program(small, capsys, tmp_pa
     assert report["off_catalog"] == "specialize"
     # --idle: every session had time after each event; rule S on the CPU has nothing to capture there
     assert report["idle"] is True and report["captured_idle"] == 0 and report["idle_s"] >= 0
+    assert report["collector"]["full_collections"] >= report["collector"]["idle_collections"] >= 0
     # one program per voice and end-of-turn shape; its symbolic steps: one per flag, any length
     shapes = {(r["conversation"], r["tokens"], r["last"]) for r in ends}
     assert report["specializations"]["built"] == len(shapes) and report["specializations"]["refused"] == {}
