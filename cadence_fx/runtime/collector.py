@@ -128,7 +128,8 @@ def collect_if_due(seconds: "float | None" = None) -> bool:
 
 def stats() -> dict:
     """``promoted`` (by held blocks' young collections since the last full collection),
-    ``kept`` (tracked after it; None until counted), ``full_s`` (what the last took) and
-    ``idle_collections`` (the full collections ``collect_if_due`` ran)."""
+    ``kept`` (tracked after it; None until counted), ``full_s`` (what the last took),
+    ``full_collections`` (the process's so far, anyone's) and ``idle_collections`` (those
+    ``collect_if_due`` ran)."""
     return {"promoted": _promoted, "kept": _kept, "full_s": None if _full_s is None else round(_full_s, 3),
-            "idle_collections": _idle_collections}
+            "full_collections": gc.get_stats()[2]["collections"], "idle_collections": _idle_collections}

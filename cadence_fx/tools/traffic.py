@@ -19,7 +19,8 @@ optimized program ran, graph or replay, of all chunks) and ``replayed_share`` (c
 replayed); fallbacks by reason; time to first audio for the new voice (prompt set-up,
 including any specialization and capture, plus its first chunk) against stock's;
 chunk milliseconds p50/p99 (each conversation's first chunk, which follows a set-up,
-left out), and peak device memory (CUDA: the process's, stock tails included).
+left out), peak device memory (CUDA: the process's, stock tails included) and Python's
+collector (``runtime.collector.stats()``).
 
 ``--pace``: the events arrive on a clock instead of back to back.  Conversation ``c``'s
 voice arrives at ``c x --stagger-s``, with its first chunk; each later chunk arrives as
@@ -47,6 +48,7 @@ import time
 from typing import Any
 
 from .. import foreground
+from ..runtime import collector
 from . import registry
 from .options import add_model_args, model_of, progress
 
@@ -479,21 +481,13 @@ def _report(args, rules: str, convos, live, rows, device, percentile, idle=()) -
         "build_share": foreground.build_share(),
         "idle": args.idle, "idle_s": round(sum(s for s, _ in idle), 3), "captured_idle": sum(n for _, n in idle),
         "specializations": _specializations(live),
-        "collector": _collector(),
+        "collector": collector.stats(),
         "ttfa_ms_p50": round(percentile(ttfa, 50), 1), "stock_ttfa_ms_p50": round(percentile(stock_ttfa, 50), 1),
         "chunk_ms_p50": p50, "chunk_ms_p99": p99, "stock_chunk_ms_p50": s50, "stock_chunk_ms_p99": s99,
         "peak_mib": round(torch.cuda.max_memory_allocated(device) / 2**20, 1) if device.type == "cuda" else None,
         **(_paced_report(args, rows, per, percentile) if args.pace else {"pace": False}),
         "per_conversation": per, "per_chunk": rows,
     }
-
-
-def _collector() -> dict:
-    """Python's collector over the process so far: full collections run (``full_collections``,
-    anyone's) and ``runtime.collector.stats()`` (``idle_collections``: those idle time ran)."""
-    import gc
-    from ..runtime import collector
-    return {"full_collections": gc.get_stats()[2]["collections"], **collector.stats()}
 
 
 def _paced_report(args, rows, per, percentile) -> dict:
@@ -583,9 +577,7 @@ def plot(report: dict, path: str) -> str | None:
     xs = range(len(rows))
     ax.bar(xs, [r["ms"] for r in rows], color=[colour.get(r["route"].split(" ")[0].rstrip(":"), "grey") for r in rows])
     ax.plot(xs, [r["stock_ms"] for r in rows], "k.", markersize=3, label="stock")
-    ax.set_yscale("log")
-    ax.set_xlabel("chunk (interleaved conversations)")
-    ax.set_ylabel("ms")
+    ax.set(yscale="log", xlabel="chunk (interleaved conversations)", ylabel="ms")
     ax.set_title(f"traffic: exact={report['exact']}, replayed {report['replayed_share']}, "
                  f"program {report['program_share']} (green replay, blue graph, red eager)")
     ax.legend()
@@ -600,10 +592,9 @@ def _emit(args, report: dict) -> None:
     print(markdown(report), file=out)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "traffic.json"), "w") as f:
-            json.dump(report, f, indent=1)
-        with open(os.path.join(args.out, "traffic.md"), "w") as f:
-            f.write(markdown(report))
+        for name, text in (("traffic.json", json.dumps(report, indent=1)), ("traffic.md", markdown(report))):
+            with open(os.path.join(args.out, name), "w") as f:
+                f.write(text)
         plot(report, os.path.join(args.out, "traffic.png"))
     if args.json:
         print(json.dumps({k: v for k, v in report.items() if k != "per_chunk"}))
