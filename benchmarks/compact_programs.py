@@ -38,6 +38,7 @@ import torch.fx as fx
 
 from cadence_fx.runtime import interpret
 
+
 def _tracked() -> int:
     gc.collect()
     return len(gc.get_objects())

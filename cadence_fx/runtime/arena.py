@@ -13,18 +13,18 @@ from ..errors import CadenceError
 from ..plan import ArenaLayout
 
 
-def zeros_of(spec, device: "torch.device | str | None" = None) -> torch.Tensor:
-    """A contiguous zero tensor of a ``TensorSpec``'s shape and dtype, on ``device``
-    (default: the spec's): the example state a trace or a capture runs on."""
-    return torch.zeros(spec.shape, dtype=getattr(torch, spec.dtype),
-                       device=device if device is not None else spec.device)
-
-
 def empty_of(spec, device: "torch.device | str | None" = None) -> torch.Tensor:
-    """``zeros_of`` without the fill: a tensor only its shape, dtype and device are read
-    from (a specialization's placeholders; the state a trace runs on wants zeros)."""
+    """A contiguous tensor of a ``TensorSpec``'s shape and dtype, on ``device`` (default:
+    the spec's), not filled: one only its shape, dtype and device are read from (a
+    specialization's placeholders)."""
     return torch.empty(spec.shape, dtype=getattr(torch, spec.dtype),
                        device=device if device is not None else spec.device)
+
+
+def zeros_of(spec, device: "torch.device | str | None" = None) -> torch.Tensor:
+    """``empty_of`` filled with zeros (what ``torch.zeros`` does): the example state a
+    trace or a capture runs on."""
+    return empty_of(spec, device).zero_()
 
 
 def copy_strided(t: torch.Tensor) -> torch.Tensor:

@@ -56,18 +56,18 @@ _promoted = 0  # objects this module's young collections found alive since the l
 _kept: "int | None" = None  # tracked objects after the last full collection (None: not counted yet)
 _full_s: "float | None" = None  # how long the last full collection took
 _idle_collections = 0
-_started = [0.0]
+_full_started = 0.0
 
 
 def _on_collection(phase: str, info: dict) -> None:
     """``gc.callbacks``: a full collection, anyone's, starts the count again."""
-    global _promoted, _kept, _full_s
+    global _promoted, _kept, _full_s, _full_started
     if info.get("generation") != 2:
         return
     if phase == "start":
-        _started[0] = time.perf_counter()
+        _full_started = time.perf_counter()
     else:
-        _promoted, _kept, _full_s = 0, None, time.perf_counter() - _started[0]
+        _promoted, _kept, _full_s = 0, None, time.perf_counter() - _full_started
 
 
 gc.callbacks.append(_on_collection)
@@ -77,7 +77,7 @@ gc.callbacks.append(_on_collection)
 def held() -> Iterator[None]:
     """Automatic garbage collection off while the block runs (process-wide, as ``gc`` is);
     the young generations collected once when the last block ends (see the module)."""
-    global _depth, _restore
+    global _depth, _restore, _promoted
     with _LOCK:
         if _depth == 0:
             _restore = gc.isenabled()
@@ -91,13 +91,8 @@ def held() -> Iterator[None]:
             if _depth == 0 and _restore:
                 young = len(gc.get_objects(0)) + len(gc.get_objects(1))
                 found = gc.collect(1)  # its finalizers may enter (and leave) held() on this thread: an RLock
-                _count_promoted(young - found)
+                _promoted += max(0, young - found)  # what it found alive: promoted
                 gc.enable()
-
-
-def _count_promoted(n: int) -> None:
-    global _promoted
-    _promoted += max(0, n)
 
 
 def _due() -> bool:

@@ -56,6 +56,8 @@ from .interpret import drop_graph, run_piece
 #: ``CADENCE_FX_SHARED_CAPTURE=0`` (read at import) records every call where it stands.
 #: docs/architecture.md ("One flow step, not ten") has what it saves and costs.
 SHARE_CALLS = os.environ.get("CADENCE_FX_SHARED_CAPTURE", "1") != "0"
+#: what ``compact_entry`` keeps in a parent's meta for ``shared_regions`` and ``reserve_copies``
+_KEPT_SHARED, _KEPT_COPIED = "cadence_fx.shared_regions", "cadence_fx.copied_bytes"
 
 
 class CaptureFailed(CadenceError, RuntimeError):
@@ -463,37 +465,36 @@ def reserve_copies(pool, parents: Sequence[torch.fx.GraphModule], device: torch.
     needs more takes a larger buffer, counted in ``grown``)."""
     if not SHARE_CALLS or not isinstance(pool, GraphPool):
         return
-    firsts = [set(shared_regions(p).values()) for p in parents]
-    sizes = [p.meta[_KEPT_COPIED] if _KEPT_COPIED in p.meta else
-             [nbytes(t) for n in p.graph.nodes if n.op == "call_module" and n.target in first for t in _copied(p, n)]
-             for p, first in zip(parents, firsts)]
+    sizes = [_copied_bytes(p) for p in parents]
     try:
         pool.copies.reserve(max(map(sum, sizes), default=0), device) if any(sizes) else None
     except torch.OutOfMemoryError:  # each copy then allocates at its capture (an entry's OOM: eager)
         pass
 
 
-_KEPT_SHARED, _KEPT_COPIED = "cadence_fx.shared_regions", "cadence_fx.copied_bytes"
-
-
 def compact_entry(parent: torch.fx.GraphModule) -> int:
     """Let an executable entry's pieces' graphs go, keeping what sessions read from them:
     each piece's step list (``interpret.drop_graph``: what capture and a refused replay
-    walk), ``shared_regions`` and the bytes its first calls copy (``reserve_copies``).  A
-    kept executable then leaves the garbage collector a few objects a piece, not several
-    a node (docs/architecture.md, "Fewer objects for the collector to walk").  A trivial
-    piece (run as is) and one with generated code keep theirs, and so does a submodule a
-    piece calls (a shared step: other programs may share it).  Returns the pieces dropped."""
-    follows = shared_regions(parent)
-    firsts = set(follows.values())
-    parent.meta[_KEPT_COPIED] = [nbytes(t) for n in parent.graph.nodes if n.op == "call_module"
-                                 and n.target in firsts for t in _copied(parent, n)]
-    parent.meta[_KEPT_SHARED] = follows
+    walk), ``shared_regions`` and the bytes its first calls copy (``reserve_copies``): a
+    few objects a piece for the collector, not several a node (docs/architecture.md,
+    "Fewer objects for the collector to walk").  A trivial piece, one with generated
+    code and a submodule a piece calls (a shared step) keep theirs.  Returns the pieces dropped."""
+    parent.meta[_KEPT_SHARED] = shared_regions(parent)
+    parent.meta[_KEPT_COPIED] = _copied_bytes(parent)  # from the shared regions just kept
     dropped = 0
     for mod in parent.children():
         if isinstance(mod, CapturedRegion) and not mod.trivial and drop_graph(mod.piece):
             dropped += 1
     return dropped
+
+
+def _copied_bytes(parent: torch.fx.GraphModule) -> list[int]:
+    """The buffer bytes of each static copy ``parent``'s first shared calls make (kept by ``compact_entry``)."""
+    if _KEPT_COPIED in parent.meta:
+        return parent.meta[_KEPT_COPIED]
+    firsts = set(shared_regions(parent).values())
+    return [nbytes(t) for n in parent.graph.nodes if n.op == "call_module" and n.target in firsts
+            for t in _copied(parent, n)]
 
 
 def _release_generator(pool, stream) -> "tuple[bool, torch.cuda.CUDAGraph]":
