@@ -49,7 +49,7 @@ from ..errors import CadenceError
 from ..plan import same_layout
 from . import collector
 from .pools import GraphPool, StaticCopies, copyable, nbytes
-from .interpret import drop_graph, run_piece
+from .interpret import drop_graph, run_graph, run_piece  # run_graph: here before
 
 
 #: record a shared step's call once per entry and replay it at every call (module docstring);
@@ -477,15 +477,26 @@ def compact_entry(parent: torch.fx.GraphModule) -> int:
     each piece's step list (``interpret.drop_graph``: what capture and a refused replay
     walk), ``shared_regions`` and the bytes its first calls copy (``reserve_copies``): a
     few objects a piece for the collector, not several a node (docs/architecture.md,
-    "Fewer objects for the collector to walk").  A trivial piece, one with generated
-    code and a submodule a piece calls (a shared step) keep theirs.  Returns the pieces dropped."""
+    "Fewer objects for the collector to walk").  A trivial piece and one with generated
+    code keep theirs.  A submodule the dropped pieces call (a call piece's shared step:
+    ~1.7k nodes an entry at 10 flow steps) lets its graph go too, walked by its own step
+    list, unless a piece that keeps its code calls it.  Returns the pieces dropped."""
     parent.meta[_KEPT_SHARED] = shared_regions(parent)
     parent.meta[_KEPT_COPIED] = _copied_bytes(parent)  # from the shared regions just kept
-    dropped = 0
-    for mod in parent.children():
-        if isinstance(mod, CapturedRegion) and not mod.trivial and drop_graph(mod.piece):
-            dropped += 1
+    dropped, called, kept = 0, {}, set()
+    for mod in (m for m in parent.children() if isinstance(m, CapturedRegion)):
+        subs = {id(s): s for s in map(mod.piece.get_submodule, _called(mod.piece))}
+        if not mod.trivial and drop_graph(mod.piece):
+            dropped, called = dropped + 1, {**called, **subs}
+        else:  # its generated code calls them
+            kept.update(subs)
+    for sub in (sub for key, sub in called.items() if key not in kept):
+        drop_graph(sub)
     return dropped
+
+
+def _called(gm: torch.nn.Module) -> list[str]:
+    return [n.target for n in gm.graph.nodes if n.op == "call_module"] if isinstance(gm, torch.fx.GraphModule) else []
 
 
 def _copied_bytes(parent: torch.fx.GraphModule) -> list[int]:
@@ -578,23 +589,3 @@ def retried_regions(programs: dict, variant_programs: dict) -> dict[str, str]:
     held += [(k.label(), p.run) for k, p in variant_programs.items() if not isinstance(p, str)]
     return {f"{label}/{m.name}": m.unwarmed_failure for label, parent in held for m in parent.children()
             if isinstance(m, CapturedRegion) and m.unwarmed_failure is not None}
-
-
-def run_graph(gm: torch.fx.GraphModule, args: Sequence[Any], call_module) -> Any:
-    """Execute ``gm``'s top-level graph node by node, routing ``call_module`` nodes."""
-    env: dict[torch.fx.Node, Any] = {}
-    it = iter(args)
-    load = lambda a: torch.fx.node.map_arg(a, lambda n: env[n])  # noqa: E731
-    for node in gm.graph.nodes:
-        if node.op == "placeholder":
-            env[node] = next(it)
-        elif node.op == "get_attr":
-            env[node] = getattr(gm, node.target)
-        elif node.op == "call_function":
-            env[node] = node.target(*load(node.args), **load(node.kwargs))
-        elif node.op == "call_module":
-            env[node] = call_module(gm.get_submodule(node.target), load(node.args))
-        elif node.op == "output":
-            return load(node.args[0])
-        else:
-            raise RuntimeError(f"unexpected node {node.format_node()}")

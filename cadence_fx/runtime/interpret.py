@@ -11,7 +11,9 @@ code would:
 - the same calls in the same order: ``target(*args, **kwargs)`` for a
   ``call_function`` (what ``x[0]`` or ``a + b`` in the generated code calls too), the
   attribute for a ``get_attr``, the method or submodule for ``call_method`` and
-  ``call_module``; so the same kernels, with the same arguments;
+  ``call_module`` (a submodule that is a GraphModule without code, such as the shared
+  step a call piece calls, walked the same way: ``run_piece``); so the same kernels,
+  with the same arguments;
 - every value released right after its last use, and a value nobody uses right after
   it is made, as the generated code's ``x = None`` lines do (``delete_unused_values``
   in ``torch.fx.graph``): tensors are freed in the same order, so a capture allocates
@@ -187,10 +189,31 @@ def run_graph_module(gm: fx.GraphModule, args: Sequence[Any]) -> Any:
         elif op == "call_method":
             self_obj, *rest = a
             env[i] = getattr(self_obj, target)(*rest, **kw)
-        elif op == "call_module":
-            env[i] = gm.get_submodule(target)(*a, **kw)
+        elif op == "call_module":  # a GraphModule without code (a shared step) by its step list too
+            sub = gm.get_submodule(target)
+            env[i] = run_piece(sub, a) if not kw else sub(*a, **kw)
         else:
             raise RuntimeError(f"unexpected node op {op!r}")
         for j in free:
             env[j] = None
     return _load(output, env, consts)
+
+
+def run_graph(gm: torch.fx.GraphModule, args: Sequence[Any], call_module) -> Any:
+    """Execute ``gm``'s top-level graph node by node, routing ``call_module`` nodes."""
+    env: dict[torch.fx.Node, Any] = {}
+    it = iter(args)
+    load = lambda a: torch.fx.node.map_arg(a, lambda n: env[n])  # noqa: E731
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            env[node] = next(it)
+        elif node.op == "get_attr":
+            env[node] = getattr(gm, node.target)
+        elif node.op == "call_function":
+            env[node] = node.target(*load(node.args), **load(node.kwargs))
+        elif node.op == "call_module":
+            env[node] = call_module(gm.get_submodule(node.target), load(node.args))
+        elif node.op == "output":
+            return load(node.args[0])
+        else:
+            raise RuntimeError(f"unexpected node {node.format_node()}")

@@ -60,12 +60,13 @@ def test_captured_the_later_calls_replay_one_graph_and_compute_what_the_program_
     graphs one pool apart from the rest.  A stream from the voice's set-up (entries 0, 1,
     2, 2: warm-up, growth, trim, steady): every chunk's waveform and the whole arena after
     it are what the rule-S graphs compute from the same state and draws.  ``compact``: the
-    lowered entries first let their pieces' graphs go, as the compiler does
-    (``graphs.compact_entry``): capture and replay walk the kept step lists, the shared
-    calls and copy sizes come from what it kept, and the results are the same."""
+    lowered entries first let their pieces' graphs go, and the shared step's, as the
+    compiler does (``graphs.compact_entry``): capture and replay walk the kept step lists,
+    the shared calls and copy sizes come from what it kept, and the results are the same."""
     from cadence_fx.passes.istft_check import IstftWithoutHostRead
     from cadence_fx.passes.lower_cudagraph import LowerCudaGraph
     from cadence_fx.passes.partition import Partition
+    from cadence_fx.passes.specialize import SHARED, _lazy_module
     from cadence_fx.runtime.pools import need, nbytes
     from cadence_fx.runtime.graphs import (CapturedRegion, GraphPool, capture_entry, compact_entry, fresh_regions,
                                            reserve_copies)
@@ -84,15 +85,29 @@ def test_captured_the_later_calls_replay_one_graph_and_compute_what_the_program_
         graph = torch.fx.Graph()
         graph.output(graph.graph_copy(program.run.graph, {}))
         gm = torch.fx.GraphModule(program.run, graph)
+        if compact:  # a shared step of its own, as the compiler's specialization has (the rule-S
+            # program, the reference below, runs its shared step by generated code)
+            step = gm.get_submodule(SHARED)
+            graph = torch.fx.Graph()
+            graph.output(graph.graph_copy(step.graph, {}))
+            own = _lazy_module(torch.fx.GraphModule(step, graph))  # no code yet, as specialize leaves it
+            own.meta.update(step.meta)
+            gm.add_submodule(SHARED, own)
         IstftWithoutHostRead()(gm)
         parent = LowerCudaGraph(CapturedRegion)(Partition(None, "chunk", calls_apart=True)(gm).graph_module).graph_module
         call_names[idx] = [name for name, m in parent.named_children() if isinstance(m, CapturedRegion)
                            and any(n.op == "call_module" for n in m.piece.graph.nodes)]
         if compact:
             pieces = [m.piece for m in parent.children() if isinstance(m, CapturedRegion) and not m.trivial]
+            steps = {id(m): m for p in pieces for n in p.graph.nodes if n.op == "call_module"
+                     for m in [p.get_submodule(n.target)]}
+            assert len(steps) == 1, steps  # the shared step, called by both call pieces
             assert compact_entry(parent) == len(pieces) and all(len(p.graph.nodes) == 0 for p in pieces)
-            with pytest.raises(RuntimeError, match="let go"):
-                pieces[0](*[None] * 3)  # a direct call would run code made from the empty graph
+            [step] = steps.values()
+            assert len(step.graph.nodes) == 0  # walked by its own step list from the pieces'
+            for dropped in (pieces[0], step):
+                with pytest.raises(RuntimeError, match="let go"):
+                    dropped(*[None] * 3)  # a direct call would run code made from the empty graph
         parents[idx] = fresh_regions(parent)
     reserve_copies(pool, list(parents.values()), CPU)
     reserved = pool.copies.buffer.numel()
