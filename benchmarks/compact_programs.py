@@ -17,7 +17,12 @@ then for the last length's executable:
   hold after a collection (built, collected, counted), and ``interpret_build_s``;
 * ``exact``: each entry walked by ``interpret.run_graph_module`` against the graph's own
   generated code, from the same arena and seed: ``torch.equal`` on every output and on
-  the whole arena after.
+  the whole arena after;
+* ``replay_tracked_per_length``: the model's executables for ``--replay-tokens``
+  compiled for replay (rules SRc, lowered and compacted as on CUDA; the CPU cannot
+  capture, so the compile alone), what each added to the heap after a collection, and
+  ``replay_fx_nodes_left``: the fx nodes the last one's graphs still hold (its parents',
+  and whatever ``graphs.compact_entry`` kept).
 
     OMP_NUM_THREADS=1 python benchmarks/compact_programs.py --n-timesteps 10 --prompt-tokens 23,41
 
@@ -52,6 +57,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n-timesteps", type=int, default=10)
     p.add_argument("--prompt-tokens", default="23,41")
+    p.add_argument("--replay-tokens", default="59,77", help="further lengths compiled for replay (SRc, no capture)")
     args = p.parse_args(argv)
     import cadence_fx
     from cadence_fx.integrations import stepaudio2 as s2
@@ -100,11 +106,22 @@ def main(argv=None) -> int:
             runs[idx] = {"exact": same, "code_s": round(code_s, 3), "walk_s": round(walk_s, 3)}
         arena.copy_(start)
     del kept
+    # the same model lowered for replay (rules SRc, as on CUDA; the CPU cannot capture, so
+    # the compile alone): what each further length's executable leaves for the collector
+    from cadence_fx import compiler
+    replay, replay_counts = [], [_tracked()]
+    for tokens in (int(x) for x in args.replay_tokens.split(",")):
+        p = s2.synthetic_prompt(tokens, seed=tokens)
+        replay.append(compiler._compile(opt.adapter_for(int(p[1].shape[1]), p[2]), "SRc", programs=opt.programs))
+        replay_counts.append(_tracked())
+    left = [m for program in replay[-1].programs.values() for m in program.run.modules() if isinstance(m, fx.GraphModule)]
     print(json.dumps({"torch": torch.__version__, "python": sys.version.split()[0], "n_timesteps": args.n_timesteps,
                       "prompt_tokens": args.prompt_tokens, "graphs": len(graphs), "fx_nodes": nodes,
                       "tracked_per_length": counts[-1] - counts[-2] if len(counts) > 1 else None,
                       "interpret_tracked": held, "interpret_build_s": round(build_s, 3),
-                      "exact": exact, "entries": runs}))
+                      "exact": exact, "entries": runs,
+                      "replay_tracked_per_length": [b - a for a, b in zip(replay_counts, replay_counts[1:])],
+                      "replay_fx_nodes_left": sum(len(m.graph.nodes) for m in left)}))
     return 0
 
 

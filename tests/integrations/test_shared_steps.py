@@ -66,7 +66,7 @@ def test_captured_the_later_calls_replay_one_graph_and_compute_what_the_program_
     from cadence_fx.passes.istft_check import IstftWithoutHostRead
     from cadence_fx.passes.lower_cudagraph import LowerCudaGraph
     from cadence_fx.passes.partition import Partition
-    from cadence_fx.passes.specialize import SHARED, _lazy_module
+    from cadence_fx.passes.specialize import _lazy_module
     from cadence_fx.runtime.pools import need, nbytes
     from cadence_fx.runtime.graphs import (CapturedRegion, GraphPool, capture_entry, compact_entry, fresh_regions,
                                            reserve_copies)
@@ -150,3 +150,30 @@ def test_captured_the_later_calls_replay_one_graph_and_compute_what_the_program_
         assert all(torch.equal(w, g) for w, g in zip(want, got)), k
         assert torch.equal(arena, want_arena), k
     stream.close()
+
+
+@torch.inference_mode()
+def test_a_replayed_program_keeps_step_lists_for_its_pieces_and_its_shared_step():
+    """Rules SRc compiled on the CPU (``compiler._compile``: no device check; nothing is
+    captured here): every non-trivial piece of each entry, and the shared step its call
+    pieces call, keeps its step list and lets its graph go (``graphs.compact_entry``), so
+    a kept executable leaves the collector a few objects a piece; a direct call of either
+    raises rather than run code made from an empty graph.  (The walk of such an entry,
+    captured and replayed, is the test above with ``compact``.)"""
+    from cadence_fx import compiler
+    from cadence_fx.runtime.graphs import CapturedRegion
+    from cadence_fx.runtime.interpret import has_code
+
+    tail = mini_tail(n_timesteps=3, seed=5)
+    opt = cadence_fx.optimize(tail)
+    pt, pm, spk = s2.synthetic_prompt(11, seed=5)
+    exe = compiler._compile(opt.adapter_for(int(pm.shape[1]), spk), "SRc", programs=opt.programs)
+    for idx, program in exe.programs.items():
+        pieces = [m.piece for m in program.run.children() if isinstance(m, CapturedRegion) and not m.trivial]
+        steps = {id(s): s for p in pieces for s in p.modules() if s is not p and isinstance(s, torch.fx.GraphModule)}
+        assert pieces and all(len(p.graph.nodes) == 0 and not has_code(p) for p in pieces), idx
+        assert len(steps) == 1, idx  # the entry's shared step, called by its call pieces
+        [step] = steps.values()
+        assert len(step.graph.nodes) == 0, idx
+        with pytest.raises(RuntimeError, match="let go"):
+            step(*[None] * 3)
