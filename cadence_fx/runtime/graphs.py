@@ -47,8 +47,8 @@ import torch
 
 from ..errors import CadenceError
 from ..plan import same_layout
-from . import collector
-from .pools import GraphPool, StaticCopies, copyable, nbytes
+from . import collector, pools
+from .pools import GraphPool, StaticCopies, copyable, nbytes, recording
 from .interpret import drop_graph, run_graph, run_piece  # run_graph: here before
 
 
@@ -217,7 +217,7 @@ class CapturedRegion(torch.nn.Module):
         began = False
         with self.rng.capturing() if self.rng is not None else contextlib.nullcontext():
             try:
-                with torch.cuda.graph(graph, pool=pool_handle(pool), stream=stream):
+                with recording(graph, pool_handle(pool), stream):
                     began = True
                     out = run_piece(self.piece, call_args)
             except Exception as e:
@@ -314,6 +314,8 @@ def capture_entry(parent: torch.fx.GraphModule, args: Sequence[Any], pool, arena
     """
     failed: dict[str, str] = {}
     stream = stream if stream is not None else torch.cuda.Stream()
+    torch.cuda.synchronize()  # what torch.cuda.graph does before each capture, once an entry (pools.recording)
+    torch.cuda.empty_cache()
     stream.wait_stream(torch.cuda.current_stream())
     follows = shared_regions(parent) if SHARE_CALLS else {}
     for name in set(follows.values()):
@@ -344,7 +346,8 @@ def capture_entry(parent: torch.fx.GraphModule, args: Sequence[Any], pool, arena
         if leader is not None and leader.graph is not None and leader.check(args_) is None:
             mod.leader = leader  # replays the first call's graph (refused: its piece, eagerly, counted there)
             out = mod(*args_)
-            torch.cuda.synchronize()
+            if pools.SYNC_EACH_CAPTURE:
+                torch.cuda.synchronize()
             return out
         if isinstance(mod, CapturedRegion):
             # warm-up and capture walk the piece's graph (interpret.py): its code is never generated
@@ -355,7 +358,8 @@ def capture_entry(parent: torch.fx.GraphModule, args: Sequence[Any], pool, arena
                     mod.unwarmed_failure = str(e)
                 else:
                     mod.launch()  # runs the region: its outputs are the ones the next regions take
-                    torch.cuda.synchronize()
+                    if pools.SYNC_EACH_CAPTURE:
+                        torch.cuda.synchronize()
                     return mod.static_out
             # warm-up: lazy inits (cuBLAS handles, workspaces) outside capture
             out = run_piece(mod.piece, args_)

@@ -34,11 +34,17 @@ same alignment as from a clone.
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+import contextlib
+import os
+from typing import Iterable, Iterator, Sequence
 
 import torch
 
 from ..step import byte_interval
+
+#: record every region as ``torch.cuda.graph`` does, after a device synchronize and an emptied
+#: cache each (``CADENCE_FX_CAPTURE_SYNC=1``: the control ``recording`` was measured against)
+SYNC_EACH_CAPTURE = os.environ.get("CADENCE_FX_CAPTURE_SYNC") == "1"
 
 #: alignment of every copy: a CUDA caching-allocator block's (a fresh clone's alignment)
 ALIGN = 512
@@ -140,3 +146,32 @@ class GraphPool:
         if self._leaders is None:
             self._leaders = GraphPool(parent=self)
         return self._leaders
+
+
+@contextlib.contextmanager
+def recording(graph: torch.cuda.CUDAGraph, pool, stream: torch.cuda.Stream) -> Iterator[None]:
+    """``torch.cuda.graph(graph, pool=pool, stream=stream)`` less what it does before each
+    capture: a device synchronize, then the allocator's and the pinned host cache emptied.
+
+    An entry records one region after another, launching each graph once as it goes (its
+    outputs are the next region's inputs): with a synchronize before every capture, the
+    host waited for the last region's kernels before it recorded the next, and emptied a
+    cache that holds little by then.  ``capture_entry`` synchronizes and empties the cache
+    once, before its first region; what a capture records is the same either way (stream
+    capture records launches, it runs nothing), and the launches keep their stream's order.
+    """
+    if SYNC_EACH_CAPTURE or stream is None:  # (None: torch.cuda.graph's own side stream)
+        with torch.cuda.graph(graph, pool=pool, stream=stream):
+            yield
+        return
+    with torch.cuda.stream(stream):
+        graph.capture_begin(*(() if pool is None else (pool,)))
+        try:
+            yield
+        except BaseException:  # the capture ends however the body left, as in torch.cuda.graph
+            try:
+                graph.capture_end()
+            except Exception:  # noqa: BLE001 - an invalidated capture cannot end: the body's error says why
+                pass
+            raise
+        graph.capture_end()

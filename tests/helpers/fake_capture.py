@@ -1,5 +1,6 @@
 """CUDA-graph capture and replay faked on the CPU, as a graph behaves for the runtime:
-capture records the piece and the very tensors it ran on; ``replay`` runs the piece again
+capture (``torch.cuda.graph``, or ``capture_begin``/``capture_end`` as ``pools.recording``
+calls them) records the piece and the very tensors it ran on; ``replay`` runs the piece again
 on them and writes the results into the outputs capture returned (a graph's static
 outputs).  ``fake_capture(monkeypatch)`` installs it (and no-op streams) for one test."""
 
@@ -14,6 +15,13 @@ class Recorded:
     """Stands for ``torch.cuda.CUDAGraph``."""
 
     capturing: "Recorded | None" = None
+
+    def capture_begin(self, pool=None, **kwargs):  # pools.recording's way in
+        self.pool = pool  # the memory pool it records into (a test reads which)
+        Recorded.capturing = self
+
+    def capture_end(self):
+        Recorded.capturing = None
 
     def replay(self):
         out = self.run(self.piece, self.args)

@@ -19,12 +19,34 @@ from cadence_fx.runtime.graphs import CaptureFailed, CapturedRegion, GraphPool
 
 
 class _Graph:
-    """Stands for ``torch.cuda.CUDAGraph``."""
+    """Stands for ``torch.cuda.CUDAGraph``; ``capture_begin``/``capture_end`` as
+    ``pools.recording`` calls them, faked as ``graph`` below fakes ``torch.cuda.graph``."""
+
+    fake: "_FakeCuda | None" = None
+
+    def capture_begin(self, pool=None, **kwargs):
+        _begin(_Graph.fake, pool)
+        self.pool = pool
+
+    def capture_end(self):
+        # cudaStreamEndCapture fails on an invalidated capture, before the pool is released
+        raised = sys.exc_info()[1]  # what the captured body raised, if it did
+        if isinstance(raised, RuntimeError) and "invalidated" in str(raised):
+            _Graph.fake.recording.add(self.pool)
+            raise RuntimeError("capture invalidated: cudaStreamEndCapture failed") from raised
 
 
 class _FakeCuda(NamedTuple):
     recording: set  # the pools a capture left recording
     begin_fault: list  # a test appends a message: the next capture raises it as it begins
+    stream: object  # the stream captures are given: None (torch.cuda.graph's own) or a side stream
+
+
+def _begin(fake: _FakeCuda, pool) -> None:
+    if pool in fake.recording:
+        raise RuntimeError("beginAllocateToPool: already recording to mempool_id")
+    if fake.begin_fault:  # once: capture_begin raised (e.g. out of memory registering the generator)
+        raise RuntimeError(fake.begin_fault.pop())
 
 
 class _Piece(torch.nn.Module):
@@ -38,30 +60,35 @@ class _Piece(torch.nn.Module):
         return x * 2
 
 
-@pytest.fixture
-def fake_cuda(monkeypatch):
-    """``torch.cuda.graph`` as PyTorch 2.11 behaves."""
+@pytest.fixture(params=["torch.cuda.graph", "recording"])
+def fake_cuda(monkeypatch, request):
+    """``torch.cuda.graph`` as PyTorch 2.11 behaves, and ``CUDAGraph.capture_begin`` /
+    ``capture_end`` alike; each test runs both ways: a region captured without a stream
+    (``torch.cuda.graph``) and on a side stream (``pools.recording``'s own begin and end)."""
     handles = iter(range(1000))
-    recording: set = set()
-    begin_fault: list = []
+    side = object() if request.param == "recording" else None
+    fake = _FakeCuda(set(), [], side)
 
     @contextlib.contextmanager
     def graph(cuda_graph, pool=None, stream=None):
-        if pool in recording:
-            raise RuntimeError("beginAllocateToPool: already recording to mempool_id")
-        if begin_fault:  # once: capture_begin raised (e.g. out of memory registering the generator)
-            raise RuntimeError(begin_fault.pop())
+        _begin(fake, pool)
         try:
             yield
         except RuntimeError as e:
             if "invalidated" in str(e):  # cudaStreamEndCapture fails before the pool is released
-                recording.add(pool)
+                fake.recording.add(pool)
             raise
+
+    def stream_context(s):
+        assert s is side, "a capture ran on another stream than it was given"
+        return contextlib.nullcontext()
 
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: ("pool", next(handles)))
     monkeypatch.setattr(torch.cuda, "CUDAGraph", _Graph)
     monkeypatch.setattr(torch.cuda, "graph", graph)
-    return _FakeCuda(recording, begin_fault)
+    monkeypatch.setattr(torch.cuda, "stream", stream_context)
+    monkeypatch.setattr(_Graph, "fake", fake)
+    return fake
 
 
 @pytest.fixture
@@ -72,18 +99,18 @@ def kept(monkeypatch):
     return kept
 
 
-def _fail_once(why: str) -> tuple[GraphPool, object, CapturedRegion]:
+def _fail_once(why: str, stream) -> tuple[GraphPool, object, CapturedRegion]:
     """A session's pool, its first handle, and a region whose capture failed with ``why``."""
     pool = GraphPool()
     first = pool.handle
     bad = CapturedRegion(_Piece(why), [False], name="bad")
     with pytest.raises(CaptureFailed, match=why):
-        bad.capture([torch.ones(2)], pool, stream=None)
+        bad.capture([torch.ones(2)], pool, stream=stream)
     return pool, first, bad
 
 
 def test_an_invalidated_capture_moves_the_later_captures_to_a_fresh_pool(fake_cuda, kept):
-    pool, first, bad = _fail_once("capture invalidated by a host sync")
+    pool, first, bad = _fail_once("capture invalidated by a host sync", fake_cuda.stream)
     assert first in fake_cuda.recording and pool.handle != first and pool.renewed == 1
     # the failed graph (kept for the process: the allocator's stale filter reads it) and the
     # empty capture that reset the generator in the fresh pool (that pool's first user)
@@ -91,19 +118,19 @@ def test_an_invalidated_capture_moves_the_later_captures_to_a_fresh_pool(fake_cu
     # and the empty capture that could not begin in the old pool, kept for the process too
     assert len(kept) == 2
     good = CapturedRegion(_Piece(), [False], name="good")
-    good.capture([torch.ones(2)], pool, stream=None)  # into the fresh pool
+    good.capture([torch.ones(2)], pool, stream=fake_cuda.stream)  # into the fresh pool
     assert isinstance(good.graph, _Graph) and torch.equal(good.static_out, torch.full((2,), 2.0))
     # the old pool would have refused it
     with pytest.raises(CaptureFailed, match="already recording"):
-        CapturedRegion(_Piece(), [False], name="late").capture([torch.ones(2)], first, stream=None)
+        CapturedRegion(_Piece(), [False], name="late").capture([torch.ones(2)], first, stream=fake_cuda.stream)
 
 
 def test_a_capture_that_raised_without_invalidating_keeps_its_pool(fake_cuda, kept):
-    pool, first, bad = _fail_once("initialized on first use, under capture")
+    pool, first, bad = _fail_once("initialized on first use, under capture", fake_cuda.stream)
     assert pool.handle == first and pool.renewed == 0 and not fake_cuda.recording
     assert len(bad.failed_graphs) == 1 and kept == []  # the failed graph, held with the region
     good = CapturedRegion(_Piece(), [False], name="good")
-    good.capture([torch.ones(2)], pool, stream=None)
+    good.capture([torch.ones(2)], pool, stream=fake_cuda.stream)
     assert isinstance(good.graph, _Graph)
 
 
@@ -112,7 +139,7 @@ def test_a_raw_pool_handle_is_used_as_given(fake_cuda, kept):
     handle = torch.cuda.graph_pool_handle()
     bad = CapturedRegion(_Piece("capture invalidated"), [False], name="bad")
     with pytest.raises(CaptureFailed):
-        bad.capture([torch.ones(2)], handle, stream=None)
+        bad.capture([torch.ones(2)], handle, stream=fake_cuda.stream)
     assert handle in fake_cuda.recording and len(bad.failed_graphs) == 1
     assert graphs.pool_handle(handle) is handle
 
@@ -126,10 +153,10 @@ def test_a_capture_that_raised_as_it_began_is_kept_for_the_process(fake_cuda, ke
     pool = GraphPool()
     region = CapturedRegion(_Piece(), [False], name="region")
     with pytest.raises(CaptureFailed, match="out of memory"):
-        region.capture([torch.ones(2)], pool, stream=None)
+        region.capture([torch.ones(2)], pool, stream=fake_cuda.stream)
     assert kept == region.failed_graphs and len(kept) == 1 and pool.renewed == 0
     first = kept[0]
-    region.capture([torch.ones(2)], pool, stream=None)
+    region.capture([torch.ones(2)], pool, stream=fake_cuda.stream)
     assert isinstance(region.graph, _Graph) and region.graph is not first
     assert torch.equal(region.static_out, torch.full((2,), 2.0)) and len(kept) == 1
 

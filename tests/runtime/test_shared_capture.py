@@ -184,3 +184,37 @@ def test_a_sessions_copies_are_laid_out_like_clones_apart_within_an_entry_shared
     assert copies.grown == 1 and copies.buffer.data_ptr() != base and torch.equal(d, big)
     assert torch.equal(c, dense * 2) and copies.held_bytes == 2 * ALIGN + copies.buffer.numel()
     assert copies.buffer.numel() >= ALIGN + nbytes(big)  # room for this entry's whole layout next time
+
+
+@pytest.mark.parametrize("sync_each", [False, True])
+@torch.no_grad()
+def test_an_entry_records_its_regions_without_a_device_synchronize_between_them(monkeypatch, sync_each):
+    """``pools.recording``: an entry on a warm stream synchronizes and empties the cache once
+    before its first region and once at its end, not around every region as
+    ``torch.cuda.graph`` does (``CADENCE_FX_CAPTURE_SYNC=1``: the control, which does);
+    what it computes is the same either way."""
+    from cadence_fx.runtime import graphs, pools
+    from cadence_fx.runtime.graphs import capture_entry, fresh_regions
+    fake_capture(monkeypatch)
+    syncs, emptied, through_graph = [], [], []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: syncs.append(1))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(1))
+    fake_graph = torch.cuda.graph
+    monkeypatch.setattr(torch.cuda, "graph", lambda *a, **k: (through_graph.append(1), fake_graph(*a, **k))[1])
+    monkeypatch.setattr(pools, "SYNC_EACH_CAPTURE", sync_each)
+    parent = lowered()
+    caches = torch.zeros(3, 5, 4)
+    session = fresh_regions(parent)
+    x = torch.randn(2, 4)
+    assert capture_entry(session, [x, caches], "pool", caches.untyped_storage().data_ptr(),
+                         stream=torch.cuda.Stream(), warm_up=False) == {}
+    regions = [m for m in session.children() if isinstance(m, CapturedRegion) and not m.trivial]
+    captured = [m for m in regions if m.graph is not None]
+    assert len(regions) >= 3 and len(captured) >= 2  # the first call's and the rest: more than one capture
+    if sync_each:
+        assert len(through_graph) == len(captured) and len(syncs) >= len(regions) + 1
+    else:
+        assert through_graph == [] and len(syncs) == 2 and len(emptied) == 1
+    want = fresh_regions(parent)(x, caches)
+    for w, g in zip(flat(want), flat(session(x, caches))):
+        assert torch.equal(w, g)
