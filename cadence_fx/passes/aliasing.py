@@ -55,17 +55,23 @@ def origins(gm: fx.GraphModule, seed: "Mapping[fx.Node, str] | None" = None) -> 
     return tag
 
 
-def _inner(call: fx.Node, position: float, env: Mapping, tags: Mapping):
+def _inner(call: fx.Node, position: float, env: Mapping, tags: Mapping, memo: "dict | None" = None):
     """(submodule, positions, env, tags) to walk a shared step's call: its placeholders
     are the call's arguments (their values and origins), its ops sit between the call's
-    position and the next."""
+    position and the next.  ``memo``: the submodule's tags by its arguments' origins (every
+    call of a shared step whose arguments have the same origins has the same tags)."""
     sub = call.graph.owning_module.get_submodule(call.target)
     nodes = list(sub.graph.nodes)
     step = 1.0 / (len(nodes) + 1)
     placeholders = [n for n in nodes if n.op == "placeholder"]
     inner_env = {p: env[a] for p, a in zip(placeholders, call.args) if isinstance(a, fx.Node) and a in env}
-    inner_tags = origins(sub, {p: tags[a] for p, a in zip(placeholders, call.args)
-                               if isinstance(a, fx.Node) and a in tags})
+    seed = {p: tags[a] for p, a in zip(placeholders, call.args) if isinstance(a, fx.Node) and a in tags}
+    key = (id(sub), tuple(seed.get(p) for p in placeholders))
+    inner_tags = memo.get(key) if memo is not None else None
+    if inner_tags is None:
+        inner_tags = origins(sub, seed)
+        if memo is not None:
+            memo[key] = inner_tags
     positions = {n: position + (j + 1) * step for j, n in enumerate(nodes)}
     return sub, positions, inner_env, inner_tags
 
@@ -139,14 +145,14 @@ def record_region_accesses(gm: fx.GraphModule, regions: Mapping[str, torch.Tenso
             env[node] = regions[meta.region(node)]
     log: list[Access] = []
     with torch.no_grad():
-        _walk(gm, None, env, origins(gm), storages, log)
+        _walk(gm, None, env, origins(gm), storages, log, {})
     return log
 
 
 def _walk(gm: fx.GraphModule, positions: "Mapping | None", env: dict, tags: Mapping, storages: Mapping,
-          log: list) -> None:
+          log: list, memo: dict) -> None:
     """``record_region_accesses``' walk over one graph (a shared step's call: over its
-    submodule, at the call's arguments)."""
+    submodule, at the call's arguments; ``memo``: ``_inner``'s)."""
 
     def value(a):
         if isinstance(a, fx.Node):
@@ -169,8 +175,8 @@ def _walk(gm: fx.GraphModule, positions: "Mapping | None", env: dict, tags: Mapp
         if n.op == "call_module":
             if call_summary(n) is None:
                 raise NeedsFullRun(f"{n.name} (a call of module {n.target}) takes region memory")
-            sub, inner_positions, inner_env, inner_tags = _inner(n, position, env, tags)
-            _walk(sub, inner_positions, inner_env, inner_tags, storages, log)
+            sub, inner_positions, inner_env, inner_tags = _inner(n, position, env, tags, memo)
+            _walk(sub, inner_positions, inner_env, inner_tags, storages, log, memo)
             (output,) = [o for o in sub.graph.nodes if o.op == "output"]
             env[n] = tuple(inner_env.get(v) if isinstance(v, fx.Node) else None for v in output.args[0])
             continue
