@@ -8,12 +8,13 @@ stream while other live graphs captured there still use them.  This probe measur
 torch and device, under the deterministic protocol (``CUBLAS_WORKSPACE_CONFIG=:4096:8``):
 
 1. ``pool``: distinct CUDA streams among 64 ``torch.cuda.Stream()`` objects.
-2. ``freed_on_destroy``: device memory freed when a graph captured on a stream is destroyed
+2. ``freed_on_destroy`` (read with ``--capture-on one``): device memory freed when a graph captured on a stream is destroyed
    while another graph captured on the same stream lives (its workspace?).
 3. ``after_free``: that live graph replayed after a tensor took the freed memory: does it
    still compute what eager computes, and is the tensor untouched?
-4. ``concurrent``: two live graphs captured on one stream replayed at once on two streams,
-   ``--rounds`` times: every output against its graph's replay alone.
+4. ``concurrent``: two live graphs captured on one stream (``--capture-on two``: each on a
+   pooled stream of its own) replayed at once on two streams, ``--rounds`` times: every
+   output against its graph's replay alone.
 
 The GEMM is skinny with a long inner dimension (``--m``, ``--k``), shapes cuBLAS tends to
 split over K through its workspace.  Prints one JSON line.
@@ -31,6 +32,7 @@ import torch
 
 
 def capture(fn, stream: torch.cuda.Stream):
+    stream.wait_stream(torch.cuda.current_stream())  # the inputs are made on the current stream
     with torch.cuda.stream(stream):
         fn()  # warm-up on the stream: the handle's workspace for this stream
     torch.cuda.synchronize()
@@ -46,6 +48,9 @@ def main() -> None:
     ap.add_argument("--m", type=int, default=64)
     ap.add_argument("--k", type=int, default=1 << 16)
     ap.add_argument("--rounds", type=int, default=200)
+    ap.add_argument("--capture-on", choices=["one", "two"], default="one",
+                    help="one: both graphs captured on one pooled stream (the hazard); two: each on a pooled "
+                         "stream of its own (distinct handles: what a session would need)")
     args = ap.parse_args()
     torch.use_deterministic_algorithms(True)
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -60,10 +65,14 @@ def main() -> None:
     a2, b2 = torch.randn(args.m, args.k, device=dev), torch.randn(args.k, args.m, device=dev)
     want1, want2 = a1 @ b1, a2 @ b2  # eager, on the current stream
     s = torch.cuda.Stream()
+    s2 = s
+    while args.capture_on == "two" and s2.cuda_stream == s.cuda_stream:
+        s2 = torch.cuda.Stream()  # the pool's next stream
+    out["capture_on"] = {"mode": args.capture_on, "distinct_streams": s.cuda_stream != s2.cuda_stream}
     g1, o1 = capture(lambda: a1 @ b1, s)
     g1.replay(); torch.cuda.synchronize()
     solo1 = o1.clone()
-    g2, o2 = capture(lambda: a2 @ b2, s)
+    g2, o2 = capture(lambda: a2 @ b2, s2)
     g2.replay(); torch.cuda.synchronize()
     solo2 = o2.clone()
     out["solo_equals_eager"] = [bool(torch.equal(solo1, want1)), bool(torch.equal(solo2, want2))]
