@@ -491,9 +491,10 @@ def compact_entry(parent: torch.fx.GraphModule) -> int:
     for mod in (m for m in parent.children() if isinstance(m, CapturedRegion)):
         subs = {id(s): s for s in map(mod.piece.get_submodule, _called(mod.piece))}
         if not mod.trivial and drop_graph(mod.piece):
-            dropped, called = dropped + 1, {**called, **subs}
+            dropped += 1
+            called.update(subs)
         else:  # its generated code calls them
-            kept.update(subs)
+            kept.update(subs.keys())
     for sub in (sub for key, sub in called.items() if key not in kept):
         drop_graph(sub)
     return dropped

@@ -589,10 +589,10 @@ def plot(report: dict, path: str) -> str | None:
 
 def _emit(args, report: dict) -> None:
     out = sys.stderr if args.json else sys.stdout
-    print(markdown(report), file=out)
+    print(md := markdown(report), file=out)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
-        for name, text in (("traffic.json", json.dumps(report, indent=1)), ("traffic.md", markdown(report))):
+        for name, text in (("traffic.json", json.dumps(report, indent=1)), ("traffic.md", md)):
             with open(os.path.join(args.out, name), "w") as f:
                 f.write(text)
         plot(report, os.path.join(args.out, "traffic.png"))

@@ -46,12 +46,11 @@ def fake_capture(monkeypatch, share: bool = True) -> None:
 
     @contextlib.contextmanager
     def graph(cuda_graph, pool=None, stream=None):
-        cuda_graph.pool = pool  # the memory pool it records into (a test reads which)
-        Recorded.capturing = cuda_graph
+        cuda_graph.capture_begin(pool)
         try:
             yield
         finally:
-            Recorded.capturing = None
+            cuda_graph.capture_end()
 
     class Stream:
         def __init__(self, *a, **k):
