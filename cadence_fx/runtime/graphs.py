@@ -47,7 +47,7 @@ import torch
 
 from ..errors import CadenceError
 from ..plan import same_layout
-from . import collector, pools
+from . import collector, pools, streams
 from .pools import GraphPool, StaticCopies, copyable, nbytes, recording
 from .interpret import drop_graph, run_graph, run_piece  # run_graph: here before
 
@@ -313,7 +313,8 @@ def capture_entry(parent: torch.fx.GraphModule, args: Sequence[Any], pool, arena
     which may, keep their own).
     """
     failed: dict[str, str] = {}
-    stream = stream if stream is not None else torch.cuda.Stream()
+    # a caller without a stream gets one of its own, never another graph's (runtime/streams.py)
+    stream = stream if stream is not None else streams.take(torch.device("cuda"))
     torch.cuda.synchronize()  # what torch.cuda.graph does before each capture, once an entry (pools.recording)
     torch.cuda.empty_cache()
     stream.wait_stream(torch.cuda.current_stream())

@@ -383,8 +383,7 @@ class PendingSession(Session):
         on this session's own capture stream: its first capture warms that stream up."""
         t0 = time.perf_counter()
         warm = self._capture_stream is None
-        if warm:
-            self._capture_stream = torch.cuda.Stream(self._expect_device)
+        self._own_capture_stream()  # no other live session's (runtime/streams.py)
         program = self.executable.programs[index]
         try:
             parent, failed, error = self._capture_mid_stream(program, inputs, warm_up=warm)

@@ -8,16 +8,16 @@ Misuse and faults never yield a wrong chunk:
 * one call at a time per session: a ``step`` (or ``snapshot``, ``restore``,
   ``load_state``, ``prepare_replay``) while another is running on the same session,
   from another thread, raises ``SessionBusy`` at once; it neither waits nor
-  interleaves.  Sessions are independent of each other (rule S: each has its arena).
+  interleaves.  Sessions are independent of each other (rule S: each has its arena;
+  each captures on a stream of its own, ``runtime/streams.py``).
 * a step that raises part-way (any exception, ``KeyboardInterrupt`` included) never
   leaves a half-written state in use.  The eager fallback runs on private copies of
   the live state and writes back only after it returned and its state was checked:
   its failure leaves the state as it was.  A graph writes the arena in place as it
   goes: its failure marks the session broken, and every later step raises
   ``SessionBroken`` naming the original error until ``restore(snapshot)`` or
-  ``load_state(...)``.  (Snapshotting before every graph step instead would copy the
-  live state each step and hold a second copy per session: docs/serving.md has the
-  numbers.)  Nothing is counted for a step that did not finish.
+  ``load_state(...)``.  (Snapshotting before every graph step would copy the live state
+  each step and hold a second copy: docs/serving.md.)  Nothing is counted for a step that did not finish.
 """
 
 from __future__ import annotations
@@ -143,11 +143,11 @@ class Session:
         self.capture_failures: dict[int | str, dict[str, str]] = {}  # entry or specialization label
         self._busy = threading.Lock()  # held by the one call running on this session
         self._broken: BaseException | None = None  # what a step failed with, part-way
-        # off-catalog specializations this session runs (under replay: captured on its arena)
+        # off-catalog specializations it runs (under replay: captured on its arena)
         self._variant_programs: dict[VariantKey, EntryProgram | str] = {}  # str: why its capture failed
         self._variant_capture_s: dict[str, float] = {}
         self._pool = None  # prepare_replay's graph pool and capture stream, for later captures
-        self._capture_stream = None
+        self._capture_stream, self._give_stream = None, None  # its own (runtime/streams.py), given back at close
         self._rng = None  # prepare_replay's GraphRng: the generator state this session's graphs draw from
 
     # ------------------------------------------------------------------ public
@@ -169,9 +169,9 @@ class Session:
         t0 = time.perf_counter()
         with self._exclusive("prepare_replay"), device_work.held():  # never beside a build's device work
             pool = GraphPool()  # one pool for all this session's graphs (a fresh one after a failed capture)
-            # and one capture stream: one set of library workspaces (None: a CPU test's fake capture)
-            stream = torch.cuda.Stream(self._expect_device) if self._expect_device.type == "cuda" else None
-            self._pool, self._capture_stream = pool, stream  # specializations captured later use them too
+            # and one capture stream, no other live session's: one set of library workspaces
+            stream = self._own_capture_stream() if self._expect_device.type == "cuda" else None  # (a CPU fake)
+            self._pool = pool  # specializations captured later use it and the stream too
             self._rng = GraphRng.for_device(self._expect_device)  # its graphs' own generator state
             programs: dict[int, EntryProgram] = {}
             devices = [self._expect_device] if self._expect_device.type == "cuda" else []  # the CPU generator always forks
@@ -330,8 +330,20 @@ class Session:
         return []
 
     def close(self) -> None:
-        """Refuse every later step (``SessionClosed``); a step already running finishes."""
+        """Refuse every later step (``SessionClosed``); a step already running finishes.  With
+        none running, its capture stream goes back (``runtime/streams.py``; else when collected)."""
         self.closed = True
+        if self._give_stream is not None and self._busy.acquire(blocking=False):
+            self._give_stream()  # (a list append: nothing to fail between acquire and release)
+            self._busy.release()
+
+    def _own_capture_stream(self):
+        """This session's capture stream, taken on first need: no other live session's (``runtime/streams.py``)."""
+        if self._capture_stream is None:
+            from . import streams
+            self._capture_stream = streams.take(self._expect_device)
+            self._give_stream = streams.held(self, self._expect_device, self._capture_stream)
+        return self._capture_stream
 
     # ------------------------------------------------------------- one step
     def _before_step(self) -> None:
@@ -421,9 +433,11 @@ class Session:
         args = [inputs[n] for n in self.executable.inputs] + self._capture_state_args(program)
         if self._pool is None and self._expect_device.type == "cuda":
             self._pool, self._rng = GraphPool(), GraphRng.for_device(self._expect_device)
+        fresh = self._capture_stream is None  # a stream that never captured warms up first
+        stream = self._own_capture_stream() if self._expect_device.type == "cuda" else self._capture_stream
         try:
-            return capture_variant(program.run, args, self._pool, self._bound_storage(), self._capture_stream,
-                                   self._expect_device, self._rng, warm_up=warm_up)
+            return capture_variant(program.run, args, self._pool, self._bound_storage(), stream,
+                                   self._expect_device, self._rng, warm_up=fresh if warm_up is None else warm_up)
         finally:  # capture ran the step on the arena: put the live state back (a failure here breaks it)
             self._write_state(saved, extents)
 

@@ -59,6 +59,8 @@ def fake_capture(monkeypatch, share: bool = True) -> None:
         def wait_stream(self, other):
             pass
 
+    from cadence_fx.runtime import streams
+    monkeypatch.setattr(streams, "take", lambda device: Stream())  # a session's own capture stream
     monkeypatch.setattr(graphs, "run_piece", run_piece)
     monkeypatch.setattr(torch.cuda, "CUDAGraph", Recorded)
     monkeypatch.setattr(torch.cuda, "graph", graph)

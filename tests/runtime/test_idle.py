@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from cadence_fx.errors import InputError, SessionClosed
+from cadence_fx.runtime import streams
 
 
 def test_idle_captures_each_landed_entry_once_between_chunks_and_never_waits(monkeypatch):
@@ -45,7 +46,7 @@ def test_idle_captures_each_landed_entry_once_between_chunks_and_never_waits(mon
         return graphs.fresh_regions(program, rng), {}, None
 
     monkeypatch.setattr(graphs, "capture_variant", capture_variant)
-    monkeypatch.setattr(torch.cuda, "Stream", lambda *a, **k: "the session's capture stream")
+    monkeypatch.setattr(streams, "take", lambda device: "the session's capture stream")
 
     stock = make_toy(4)
     with torch.no_grad():

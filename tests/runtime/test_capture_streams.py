@@ -1,0 +1,131 @@
+"""``runtime/streams.py``: every live session captures on a CUDA stream of its own.
+
+``torch.cuda.Stream()`` hands out 32 pooled streams per device and priority, and a CUDA
+graph bakes in the cuBLAS workspace of its capture stream: two sessions that captured on
+one pooled stream wrote each other's GEMM partial sums when replayed at once (H200, torch
+2.11, ``benchmarks/stream_workspace_probe.py``).  On the CPU the stream factory is faked
+(what is checked is who holds which stream when); on CUDA, real streams and real graphs."""
+
+from __future__ import annotations
+
+import gc
+import itertools
+
+import pytest
+import torch
+
+from cadence_fx.compiler import _compile
+from cadence_fx.runtime import streams
+
+from helpers.marks import cuda
+from helpers.toy_models import ToyAdapter, make_toy, toy_prompt
+
+
+class _Stream:
+    def __init__(self, n: int):
+        self.n = n
+
+    def __repr__(self):
+        return f"stream {self.n}"
+
+
+@pytest.fixture
+def fake_streams(monkeypatch):
+    """Streams made by a counter; an empty free list for this test alone."""
+    made = itertools.count()
+    monkeypatch.setattr(streams, "_free", {})
+    monkeypatch.setattr(streams, "_create", lambda index: _Stream(next(made)))
+    return made
+
+
+def test_a_stream_is_never_held_twice_and_a_given_back_one_is_taken_again(fake_streams):
+    a, b = streams.take(torch.device("cuda", 0)), streams.take(torch.device("cuda", 0))
+    assert a is not b
+    other = streams.take(torch.device("cuda", 1))
+    streams.give_back(torch.device("cuda", 0), a)
+    assert streams.take(torch.device("cuda", 1)) is not a  # another device's free list
+    assert streams.take("cuda:0") is a  # the one given back, before a new one
+    assert streams.take(0) not in (a, b, other)  # none free: a new one
+
+
+def test_a_collected_owner_gives_its_stream_back_once(fake_streams):
+    class Owner:
+        pass
+
+    owner = Owner()
+    s = streams.take(torch.device("cuda", 0))
+    give = streams.held(owner, torch.device("cuda", 0), s)
+    del owner
+    gc.collect()
+    assert not give.alive and streams._free[0] == [s]
+    give()  # already given back: nothing more
+    assert streams._free[0] == [s]
+
+
+def _session_on_fake_cuda():
+    """A real Session (the toy, rule S, on the CPU) that takes its capture stream as a CUDA
+    session does: only ``_expect_device`` says cuda."""
+    adapter = ToyAdapter(make_toy(), 2)
+    session = adapter.open_session(_compile(adapter, "S"), toy_prompt(2))
+    session._expect_device = torch.device("cuda", 0)
+    return session
+
+
+def test_two_live_sessions_take_two_streams_and_a_closed_one_gives_its_back(fake_streams):
+    first, second = _session_on_fake_cuda(), _session_on_fake_cuda()
+    s1, s2 = first._own_capture_stream(), second._own_capture_stream()
+    assert s1 is not s2 and first._own_capture_stream() is s1  # taken once, kept
+    first.close()
+    third = _session_on_fake_cuda()
+    assert third._own_capture_stream() is s1  # the closed session's, not the live one's
+    assert _session_on_fake_cuda()._own_capture_stream() not in (s1, s2)
+
+
+def test_a_session_closed_while_a_step_runs_keeps_its_stream_until_collected(fake_streams):
+    session = _session_on_fake_cuda()
+    s = session._own_capture_stream()
+    session._busy.acquire()  # a step running on another thread
+    session.close()
+    assert streams._free.get(0, []) == []  # it may still launch a graph captured on s
+    session._busy.release()
+    del session
+    gc.collect()
+    assert streams._free[0] == [s]
+
+
+@cuda
+def test_sessions_capture_on_streams_no_one_else_holds_and_replay_at_once_exactly():
+    """Streams taken while held are all distinct and none of PyTorch's pooled ones; two GEMM
+    graphs captured each on its own stream replay together on two streams exactly as
+    alone (on one pooled stream the probe saw them differ in 400 of 400 rounds)."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    dev = torch.device("cuda", torch.cuda.current_device())
+    pooled = {torch.cuda.Stream().cuda_stream for _ in range(64)}
+    taken = [streams.take(dev) for _ in range(40)]
+    handles = {s.cuda_stream for s in taken}
+    assert len(handles) == 40 and not handles & pooled
+    torch.manual_seed(0)
+    outs, graphs, solo = [], [], []
+    for s in taken[:2]:
+        a, b = torch.randn(256, 32768, device=dev), torch.randn(32768, 256, device=dev)
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            a @ b  # warm-up: the stream's workspace outside capture
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s):
+            out = a @ b
+        g.replay()
+        torch.cuda.synchronize()
+        graphs.append(g), outs.append(out), solo.append(out.clone())
+    x, y = torch.cuda.Stream(), torch.cuda.Stream()
+    for _ in range(100):
+        torch.cuda.synchronize()
+        with torch.cuda.stream(x):
+            graphs[0].replay()
+        with torch.cuda.stream(y):
+            graphs[1].replay()
+        torch.cuda.synchronize()
+        assert torch.equal(outs[0], solo[0]) and torch.equal(outs[1], solo[1])
+    for s in taken:
+        streams.give_back(dev, s)
