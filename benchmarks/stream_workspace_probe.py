@@ -13,8 +13,9 @@ torch and device, under the deterministic protocol (``CUBLAS_WORKSPACE_CONFIG=:4
 3. ``after_free``: that live graph replayed after a tensor took the freed memory: does it
    still compute what eager computes, and is the tensor untouched?
 4. ``concurrent``: two live graphs captured on one stream (``--capture-on two``: each on a
-   pooled stream of its own) replayed at once on two streams, ``--rounds`` times: every
-   output against its graph's replay alone.
+   pooled stream of its own; ``own``: each on a session's stream, ``runtime/streams.py``)
+   replayed at once on two streams, ``--rounds`` times: every output against its graph's
+   replay alone.
 
 The GEMM is skinny with a long inner dimension (``--m``, ``--k``), shapes cuBLAS tends to
 split over K through its workspace.  Prints one JSON line.
@@ -48,9 +49,10 @@ def main() -> None:
     ap.add_argument("--m", type=int, default=64)
     ap.add_argument("--k", type=int, default=1 << 16)
     ap.add_argument("--rounds", type=int, default=200)
-    ap.add_argument("--capture-on", choices=["one", "two"], default="one",
+    ap.add_argument("--capture-on", choices=["one", "two", "own"], default="one",
                     help="one: both graphs captured on one pooled stream (the hazard); two: each on a pooled "
-                         "stream of its own (distinct handles: what a session would need)")
+                         "stream of its own; own: each on a stream runtime/streams.py gives a session (made "
+                         "outside PyTorch's pool: what sessions capture on)")
     args = ap.parse_args()
     torch.use_deterministic_algorithms(True)
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -64,10 +66,14 @@ def main() -> None:
     a1, b1 = torch.randn(args.m, args.k, device=dev), torch.randn(args.k, args.m, device=dev)
     a2, b2 = torch.randn(args.m, args.k, device=dev), torch.randn(args.k, args.m, device=dev)
     want1, want2 = a1 @ b1, a2 @ b2  # eager, on the current stream
-    s = torch.cuda.Stream()
-    s2 = s
-    while args.capture_on == "two" and s2.cuda_stream == s.cuda_stream:
-        s2 = torch.cuda.Stream()  # the pool's next stream
+    if args.capture_on == "own":
+        from cadence_fx.runtime import streams as own
+        s, s2 = own.take(dev), own.take(dev)
+    else:
+        s = torch.cuda.Stream()
+        s2 = s
+        while args.capture_on == "two" and s2.cuda_stream == s.cuda_stream:
+            s2 = torch.cuda.Stream()  # the pool's next stream
     out["capture_on"] = {"mode": args.capture_on, "distinct_streams": s.cuda_stream != s2.cuda_stream}
     g1, o1 = capture(lambda: a1 @ b1, s)
     g1.replay(); torch.cuda.synchronize()

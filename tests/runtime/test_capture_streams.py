@@ -105,9 +105,10 @@ def test_sessions_capture_on_streams_no_one_else_holds_and_replay_at_once_exactl
     handles = {s.cuda_stream for s in taken}
     assert len(handles) == 40 and not handles & pooled
     torch.manual_seed(0)
-    outs, graphs, solo = [], [], []
+    outs, graphs, solo, inputs = [], [], [], []
     for s in taken[:2]:
         a, b = torch.randn(256, 32768, device=dev), torch.randn(32768, 256, device=dev)
+        inputs.append((a, b))  # a graph reads its inputs' memory: keep them alive past the next capture
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
             a @ b  # warm-up: the stream's workspace outside capture
