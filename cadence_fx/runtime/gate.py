@@ -13,8 +13,29 @@ from typing import Mapping
 
 import torch
 
+from ..errors import InputError
 from ..plan import CatalogEntry, TensorSpec, same_layout
 from .arena import Arena
+
+
+def validate_inputs(specs: Mapping[str, TensorSpec], names, inputs: Mapping[str, torch.Tensor],
+                    device: torch.device) -> None:
+    """Raise ``InputError`` naming the first input of a step call that is missing, not a
+    tensor, or of another device, dtype or rank than the model takes (before any gate)."""
+    for name in names:
+        if name not in inputs:
+            raise InputError(f"missing input {name!r}; the step takes {list(names)}")
+        t = inputs[name]
+        if not isinstance(t, torch.Tensor):
+            raise InputError(f"input {name!r} must be a tensor, got {type(t).__name__}")
+        if t.device != device:
+            raise InputError(f"input {name!r} is on {t.device}; this session runs on {device}")
+        want = specs[name].dtype
+        if str(t.dtype).removeprefix("torch.") != want:
+            raise InputError(f"input {name!r} has dtype {t.dtype}; the model takes {want}")
+        if t.dim() != len(specs[name].shape):
+            raise InputError(f"input {name!r} has {t.dim()} dims {tuple(t.shape)}; "
+                             f"the model takes {len(specs[name].shape)} ({tuple(specs[name].shape)})")
 
 
 def tensor_mismatch(what: str, t: torch.Tensor, spec: TensorSpec) -> str | None:

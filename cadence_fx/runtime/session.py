@@ -34,10 +34,10 @@ from ..errors import CadenceError, InputError, SessionBroken, SessionBusy, Sessi
 from ..foreground import working
 from ..plan import CatalogEntry, Plan, TensorSpec
 from ..step import Rules
-from . import collector, device_work
+from . import collector, device_work, streams
 from .arena import Arena, copy_strided
 from .counters import SessionStats, SetupTimes
-from .gate import AdmissionGate, input_mismatch
+from .gate import AdmissionGate, input_mismatch, validate_inputs
 from .snapshot import SessionSnapshot
 from .variants import VariantKey, VariantRefused, Variants
 
@@ -226,7 +226,7 @@ class Session:
         (the state untouched)."""
         with self._exclusive("step"), working():  # a background build steps aside meanwhile
             self._check_usable("step")
-            self._validate(inputs)
+            validate_inputs(self.executable.plan.inputs, self.executable.inputs, inputs, self._expect_device)
             self._before_step()
             entry = self._entry()
             if any(flags.values()):
@@ -335,12 +335,15 @@ class Session:
         self.closed = True
         if self._give_stream is not None and self._busy.acquire(blocking=False):
             self._give_stream()  # (a list append: nothing to fail between acquire and release)
+            self._capture_stream = self._give_stream = False  # another session's now: never captured on here
             self._busy.release()
 
     def _own_capture_stream(self):
         """This session's capture stream, taken on first need: no other live session's (``runtime/streams.py``)."""
+        if self._capture_stream is False:
+            raise SessionClosed("this session is closed and its capture stream went back for other sessions; open a "
+                                "new session to capture")
         if self._capture_stream is None:
-            from . import streams
             self._capture_stream = streams.take(self._expect_device)
             self._give_stream = streams.held(self, self._expect_device, self._capture_stream)
         return self._capture_stream
@@ -574,23 +577,6 @@ class Session:
                    for r, spec in entry.regions.items() if self.layout.slot(r).axis is not None):
                 return entry
         return None
-
-    def _validate(self, inputs: Mapping[str, torch.Tensor]) -> None:
-        specs = self.executable.plan.inputs
-        for name in self.executable.inputs:
-            if name not in inputs:
-                raise InputError(f"missing input {name!r}; the step takes {list(self.executable.inputs)}")
-            t = inputs[name]
-            if not isinstance(t, torch.Tensor):
-                raise InputError(f"input {name!r} must be a tensor, got {type(t).__name__}")
-            if t.device != self._expect_device:
-                raise InputError(f"input {name!r} is on {t.device}; this session runs on {self._expect_device}")
-            want = specs[name].dtype
-            if str(t.dtype).removeprefix("torch.") != want:
-                raise InputError(f"input {name!r} has dtype {t.dtype}; the model takes {want}")
-            if t.dim() != len(specs[name].shape):
-                raise InputError(f"input {name!r} has {t.dim()} dims {tuple(t.shape)}; "
-                                 f"the model takes {len(specs[name].shape)} ({tuple(specs[name].shape)})")
 
     def extents_of(self, state: Mapping[str, torch.Tensor]) -> dict[str, int | None]:
         """Each carried region's extent along its growth axis in ``state`` (None for fixed-shape

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from cadence_fx.compiler import _compile
+from cadence_fx.errors import SessionClosed
 from cadence_fx.runtime import streams
 
 from helpers.marks import cuda
@@ -78,6 +79,8 @@ def test_two_live_sessions_take_two_streams_and_a_closed_one_gives_its_back(fake
     first.close()
     third = _session_on_fake_cuda()
     assert third._own_capture_stream() is s1  # the closed session's, not the live one's
+    with pytest.raises(SessionClosed, match="capture stream went back"):
+        first._own_capture_stream()  # e.g. prepare_replay after close: never on third's stream
     assert _session_on_fake_cuda()._own_capture_stream() not in (s1, s2)
 
 
