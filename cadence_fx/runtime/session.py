@@ -298,7 +298,8 @@ class Session:
         ``"session"`` (its graphs draw from a generator state of their own) or
         ``"default"`` (this PyTorch lacks the graph-safe generator API); ``capture_retried``;
         ``graph_pools_renewed`` (fresh pools taken after failed captures, ``graphs.GraphPool``);
-        ``static_copies``: the bytes its shared calls' copy buffers hold and how often one grew."""
+        ``static_copies``: the bytes its shared calls' copy buffers hold and how often one grew;
+        ``capture_streams``: the process's (``runtime/streams.py``: made, free per device)."""
         out = self._stats.to_json()
         if self._programs is not None and self._expect_device.type == "cuda":
             out["graph_rng"] = "session" if self._rng is not None else "default"
@@ -307,6 +308,7 @@ class Session:
             out["graph_pools_renewed"] = getattr(self._pool, "renewed", 0)
             copies = getattr(self._pool, "copies", None)
             out["static_copies"] = {"bytes": copies.held_bytes, "grown": copies.grown} if copies else {}
+            out["capture_streams"] = streams.stats()
         if self.executable.variants is not None:
             out["specializations"] = {**self.executable.variants.stats(),
                                       "captured_here_s": dict(self._variant_capture_s)}

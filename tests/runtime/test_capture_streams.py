@@ -44,8 +44,10 @@ def test_a_stream_is_never_held_twice_and_a_given_back_one_is_taken_again(fake_s
     assert a is not b
     other = streams.take(torch.device("cuda", 1))
     streams.give_back(torch.device("cuda", 0), a)
+    assert streams.stats()["free"] == {0: 1}  # what Session.stats()["capture_streams"] reports
     assert streams.take(torch.device("cuda", 1)) is not a  # another device's free list
     assert streams.take("cuda:0") is a  # the one given back, before a new one
+    assert streams.stats()["free"] == {}
     assert streams.take(0) not in (a, b, other)  # none free: a new one
 
 

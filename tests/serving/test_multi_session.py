@@ -339,7 +339,10 @@ def test_sessions_overlapped_on_their_own_streams_replay_exactly_as_alone_on_cud
     prompts = {s: tuple(t.cuda() for t in s2.synthetic_prompt(5, seed=40 + s)) for s in range(n)}
     streams = {s: s2.synthetic_chunks(chunks, seed=50 + s) for s in range(n)}
     refs = {s: reference(tail, prompts[s], streams[s], s) for s in range(n)}
+    pooled = {torch.cuda.Stream().cuda_stream for _ in range(64)}  # PyTorch's pool wrapped: 32 streams
     sessions = [opt.open_session(*prompts[s], stream=torch.cuda.Stream()) for s in range(n)]
+    captured_on = {session.session._capture_stream.cuda_stream for session in sessions}
+    assert len(captured_on) == n and not captured_on & pooled  # each its own: one cuBLAS workspace each
     for k in range(chunks):
         pending = []
         for s, session in enumerate(sessions):
@@ -353,7 +356,7 @@ def test_sessions_overlapped_on_their_own_streams_replay_exactly_as_alone_on_cud
         assert_final_exact(refs[s], session.state(), f"session {s}")
         st = session.stats()
         assert st["fallback_total"] == 0 and st["replays"] == {"0": 1, "1": 1, "2": 2}, st
-        assert st["graph_rng"] == "session"
+        assert st["graph_rng"] == "session" and st["capture_streams"]["made"] >= n
         session.close()
 
 
