@@ -135,3 +135,32 @@ def test_sessions_capture_on_streams_no_one_else_holds_and_replay_at_once_exactl
         assert torch.equal(outs[0], solo[0]) and torch.equal(outs[1], solo[1])
     for s in taken:
         streams.give_back(dev, s)
+
+
+@cuda
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_a_stream_taken_for_another_device_is_that_devices_and_its_graph_replays_exactly_there():
+    """Taken while device 0 is current, a stream for device 1 lives in device 1's primary
+    context (``cuDeviceGet`` by the runtime's ordinal): a GEMM graph captured on it replays
+    what eager computes there."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    dev = torch.device("cuda", 1)
+    torch.cuda.set_device(0)
+    s = streams.take(dev)
+    assert s.device == dev
+    with torch.cuda.device(dev):
+        torch.manual_seed(0)
+        a, b = torch.randn(256, 4096, device=dev), torch.randn(4096, 256, device=dev)
+        want = a @ b
+        s.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(s):
+            a @ b  # warm-up outside capture
+        torch.cuda.synchronize(dev)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s):
+            out = a @ b
+        g.replay()
+        torch.cuda.synchronize(dev)
+        assert out.device == dev and torch.equal(out, want)
+    del g
+    streams.give_back(dev, s)
