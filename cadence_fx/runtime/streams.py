@@ -73,7 +73,12 @@ def _index(device: "torch.device | str | int") -> int:
 def _driver():
     global _driver_lib
     if _driver_lib is None:
-        lib = ctypes.CDLL("libcuda.so.1")
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")  # the driver PyTorch's CUDA runtime runs on
+        except OSError as e:
+            raise RuntimeError(f"cadence_fx: cannot load the CUDA driver library libcuda.so.1 ({e}) to make a "
+                               f"session's capture stream (runtime/streams.py: pooled streams would share cuBLAS "
+                               f"workspaces across sessions); replay needs it on the library path") from e
         p, i = ctypes.c_void_p, ctypes.c_int
         for name, args in (("cuInit", [ctypes.c_uint]), ("cuDeviceGet", [ctypes.POINTER(i), i]),
                            ("cuDevicePrimaryCtxRetain", [ctypes.POINTER(p), i]),

@@ -164,3 +164,17 @@ def test_a_stream_taken_for_another_device_is_that_devices_and_its_graph_replays
         assert out.device == dev and torch.equal(out, want)
     del g
     streams.give_back(dev, s)
+
+
+def test_a_driver_library_that_does_not_load_is_named_in_the_error(monkeypatch):
+    """No libcuda.so.1 on the path: taking a stream says which library and why, never a
+    pooled stream instead."""
+    def fail(name):
+        raise OSError(f"{name}: cannot open shared object file")
+
+    monkeypatch.setattr(streams, "_driver_lib", None)
+    monkeypatch.setattr(streams, "_free", {})
+    monkeypatch.setattr(streams.ctypes, "CDLL", fail)
+    monkeypatch.setattr(streams.torch.cuda, "init", lambda: None)
+    with pytest.raises(RuntimeError, match="libcuda.so.1.*cannot open shared object file"):
+        streams._create(0)
