@@ -9,7 +9,9 @@ GEMMs wrote each other's partial sums.  Measured on the H200, torch 2.11
 (``benchmarks/stream_workspace_probe.py``, ``docs/results/h200-2026-12-03-session30/
 call3-probe-traffic/``): 64 streams made, 32 distinct; two live graphs captured on one
 stream, replayed together on two other streams, differed from their solo replays in 23 of
-200 rounds (64 x 65536 @ 65536 x 64, fp32) and in 400 of 400 (256 x 32768).
+200 rounds (64 x 65536 @ 65536 x 64, fp32) and in 400 of 400 (256 x 32768); each on a
+stream from ``take``, in 0 of 200 and 0 of 400 (``--capture-on own``,
+``h200-2026-12-04-session31/call1-streams-suite/``).
 
 ``take(device)`` gives a session a capture stream of its own: one a session gave back, else
 a new CUDA stream (``cuStreamCreate`` through the driver, non-blocking as PyTorch's own,
