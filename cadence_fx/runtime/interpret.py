@@ -157,13 +157,44 @@ def drop_graph(gm: torch.nn.Module) -> bool:
     if not isinstance(gm, fx.GraphModule) or has_code(gm) or gm._forward_pre_hooks or gm._forward_hooks:
         return False
     _program(gm)
-    graph = fx.Graph()
+    graph, old = fx.Graph(), gm._graph
     graph.owning_module = gm
     gm._graph = graph  # the property's setter would generate code
     cls = type(gm)  # its own class (one per GraphModule)
     for name in ("forward", "_lazy_forward", "recompile", "real_recompile", "_real_recompile", "force_recompile"):
         setattr(cls, name, _dropped)  # code from the empty graph would compute nothing: raise
+    _let_go(old)
     return True
+
+
+def _let_go(graph: fx.Graph) -> None:
+    """Unlink a graph nothing uses any more (``drop_graph`` swapped it out), so that its
+    nodes are freed by reference count as it goes rather than found by a collection.
+
+    A node links to its neighbours, its users and its inputs, and the graph's name table
+    and lookup table hold every node: the graph is one reference cycle, and a build's
+    dropped pieces were about half the ~190k objects the young collection at its end
+    walked (10 flow steps, a new prompt length; ``benchmarks/let_go_cost.py``).  Only
+    those links go (``object.__setattr__``: fx's ``Node.__setattr__`` does more; no node
+    is left pointing at another, so freeing one never frees a chain); the nodes' names,
+    targets and ``meta`` stay as they were.  Best effort: an fx that keeps them under
+    other names leaves the rest to the collector."""
+    nodes = list(graph.nodes)
+    put = object.__setattr__
+    try:
+        for node in nodes:
+            node.users.clear()
+            node._input_nodes.clear()
+            put(node, "_args", ())
+            put(node, "_kwargs", {})
+            put(node, "_prev", None)
+            put(node, "_next", None)
+        put(graph._root, "_prev", None)
+        put(graph._root, "_next", None)
+        put(graph, "_graph_namespace", None)
+        put(graph, "_find_nodes_lookup_table", None)
+    except (AttributeError, TypeError):
+        pass
 
 
 def _dropped(self, *args, **kwargs):

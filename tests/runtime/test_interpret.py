@@ -178,3 +178,34 @@ def test_a_dropped_graph_is_walked_from_its_step_list_and_never_called_as_code()
     coded = _traced()
     coded(*_inputs())  # code generated: it runs as code, so it keeps its graph
     assert not drop_graph(coded) and len(coded.graph.nodes) > 0
+
+
+def test_a_dropped_graph_is_freed_by_reference_count_not_left_to_the_collector():
+    """``drop_graph`` unlinks the graph it lets go (``interpret._let_go``): with the
+    collector off, every one of its nodes is freed as it is dropped (left linked, the graph
+    is a reference cycle and every node lives until a collection), and the step list
+    still walks to the same result."""
+    import gc
+    from cadence_fx.runtime.interpret import drop_graph
+    want, want_state = _run_both(_traced(), lambda g, a: g(*a))
+    gm = _traced()
+    run_graph_module(gm, _inputs())  # its step list
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        refs = [weakref.ref(n) for n in gm.graph.nodes]
+        assert len(refs) > 5
+        assert drop_graph(gm)
+        assert [r for r in refs if r() is not None] == []
+        kept = _traced()  # a graph not dropped stays whole (a cycle: alive until collected)
+        kept_refs = [weakref.ref(n) for n in kept.graph.nodes]
+        del kept
+        assert all(r() is not None for r in kept_refs)
+    finally:
+        if enabled:
+            gc.enable()
+    got, got_state = _run_both(gm, run_piece)
+    assert torch.equal(got_state, want_state)
+    assert all(torch.equal(a, b) for a, b in zip(torch.utils._pytree.tree_leaves(got),
+                                                 torch.utils._pytree.tree_leaves(want)))
