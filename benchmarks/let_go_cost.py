@@ -1,18 +1,20 @@
-"""What unlinking the dropped pieces' graphs saves a new prompt length's build, paired.
+"""What unlinking the graphs a build lets go saves a new prompt length's build, paired.
 
-``interpret.drop_graph`` lets a replayed entry's piece graphs go once their step lists are
-built (``graphs.compact_entry``), and ``interpret._let_go`` unlinks each graph it lets go,
-so that its nodes are freed by reference count then.  The control replaces ``_let_go``
-with nothing: those graphs then wait, as reference cycles, for the young collection that
-ends the build (``runtime/collector.held``).  In ONE process, on one optimized Token2Wav
-tail (its rule S program store, as the drop-in's): for each prompt length the SRc programs
-are built ``--reps`` times per variant, the variants in alternating order; timed: the
-build's wall time, and the collections inside it (their seconds, and the objects they
-found unreachable, from ``gc.callbacks``).  Exactness: every build's programs must be the
-same step lists (each piece's and shared step's marshalled steps, its call targets and
-its constants) as the first build of that length: the unlinking changes nothing the
-runtime reads.  CPU by default (the build is host work; ``--device cuda`` builds for the
-GPU).  Prints one JSON object.
+A replayed entry's build lets go of two kinds of graph: the pre-partition graph (the
+specialized, rewritten entry that partition replaced by its pieces: ``PassManager``'s
+``let_go``, ``interpret.let_go_module``) and the pieces' graphs once their step lists are
+built (``graphs.compact_entry``, ``interpret.drop_graph``).  ``interpret._let_go`` unlinks
+each, so that its nodes are freed by reference count then.  The control replaces
+``_let_go`` with nothing: those graphs then wait, as reference cycles, for the young
+collection that ends the build (``runtime/collector.held``).  In ONE process, on one
+optimized Token2Wav tail (its rule S program store, as the drop-in's): for each prompt
+length the SRc programs are built ``--reps`` times per variant, the variants in
+alternating order; timed: the build's wall time, and the collections inside it (their
+seconds, and the objects they found unreachable, from ``gc.callbacks``).  Exactness:
+every build's programs must be the same step lists (each piece's and shared step's
+marshalled steps, its call targets and its constants) as the first build of that
+length: the unlinking changes nothing the runtime reads.  CPU by default (the build is
+host work; ``--device cuda`` builds for the GPU).  Prints one JSON object.
 
     python3 benchmarks/let_go_cost.py --n-timesteps 10 --prompt-tokens 47,53,59 --reps 2
 """

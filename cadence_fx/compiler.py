@@ -47,7 +47,7 @@ from .programs import ProgramStore
 from .programs.entry import specialized_entry
 from .runtime.arena import Arena, copy_strided, zeros_of
 from .runtime.counters import COMPILE_KEYS
-from .runtime import collector, graphs as runtime_graphs
+from .runtime import collector, graphs as runtime_graphs, interpret
 from .runtime.graphs import CapturedRegion
 from .runtime.pending import Build, PendingSession
 from .runtime.session import EntryProgram, Executable, Session
@@ -106,12 +106,15 @@ def region_bindings(plan: Plan, entry: CatalogEntry,
 
 
 def rewrite_pipeline(bindings: list[RegionBinding], rules: "str | Rules" = "S", device_type: str = "cpu",
-                     boundary=None, debug: bool = False, region=CapturedRegion) -> PassManager:
+                     boundary=None, debug: bool = False, region=CapturedRegion,
+                     let_go: bool = False) -> PassManager:
     """The passes for ``rules``: S rewrites state into the arena, R partitions and lowers.
 
     ``rules=""`` (no rule) keeps stock-managed state and eager kernels: the traced
     graph over the model's own buffers, what rules R replay.  ``region`` wraps each
-    capturable piece (rule R).
+    capturable piece (rule R).  ``let_go``: the graph partition replaced (the input's,
+    rewritten) is unlinked once the pipeline succeeds (``interpret.let_go_module``): a
+    build's caller never reads it again, and unlinked it is freed by reference count.
     """
     rules = _rules(rules)
     passes = [PruneDead(), FoldHostConstants(), PruneDead()]
@@ -132,7 +135,8 @@ def rewrite_pipeline(bindings: list[RegionBinding], rules: "str | Rules" = "S", 
                                     this_before_that(EarlyWriteback, Partition),
                                     this_before_that(IstftWithoutHostRead, Partition),
                                     this_before_that(Partition, LowerCudaGraph)],
-                       checks=[lambda gm: gm.graph.lint()], debug=debug)
+                       checks=[lambda gm: gm.graph.lint()], debug=debug,
+                       let_go=interpret.let_go_module if let_go and not KEEP_GRAPHS else None)
 
 
 def shared_calls(adapter: StreamingAdapter, rules: Rules):
@@ -254,7 +258,7 @@ def _build(adapter: StreamingAdapter, rules: "str | Rules", progress: Callable[[
             specs = _state_specs(plan, entry, carried, stock_off_axis)
             t_passes = time.perf_counter()
             bindings = region_bindings(plan, entry)
-            pipeline = rewrite_pipeline(bindings, rules, device.type, adapter.step_boundary())
+            pipeline = rewrite_pipeline(bindings, rules, device.type, adapter.step_boundary(), let_go=True)
             gm, results = pipeline(gm)
             setup["passes_s"] = round(time.perf_counter() - t_passes, 3)
         notes["trace_s"][entry.index] = round(time.perf_counter() - t0, 3)
@@ -315,7 +319,7 @@ def _variant_builder(adapter: StreamingAdapter, plan: Plan, rules: Rules, progra
                 gm = trace_step(fn, sig, example, state, by_region)
                 setup["trace_s"] = round(time.perf_counter() - t0, 3)
             bindings = region_bindings(plan, entry, traced_extents(gm, plan))
-            gm, _ = rewrite_pipeline(bindings, rules, device.type, adapter.step_boundary())(gm)
+            gm, _ = rewrite_pipeline(bindings, rules, device.type, adapter.step_boundary(), let_go=True)(gm)
         nxt = {b.name: b.extent_out for b in bindings if b.carried}
         program = EntryProgram(entry, gm, meta.arena_inputs(gm), nxt, "cudagraph" if rules.replays else "graph")
         size = own_bytes(gm, adapter)

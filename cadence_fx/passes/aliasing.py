@@ -15,6 +15,7 @@ hazard may be spurious but a real one is never missed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Mapping
 
 import torch
@@ -154,14 +155,7 @@ def _walk(gm: fx.GraphModule, positions: "Mapping | None", env: dict, tags: Mapp
     """``record_region_accesses``' walk over one graph (a shared step's call: over its
     submodule, at the call's arguments; ``memo``: ``_inner``'s)."""
 
-    def value(a):
-        if isinstance(a, fx.Node):
-            if a not in env:
-                raise NeedsFullRun(f"{a.name} is not region memory")
-            return env[a]
-        if isinstance(a, (list, tuple)):
-            return type(a)(value(x) for x in a)
-        return a
+    value = functools.partial(_value, env=env)
 
     def known(a) -> bool:
         return isinstance(a, fx.Node) and a in env
@@ -196,6 +190,19 @@ def _walk(gm: fx.GraphModule, positions: "Mapping | None", env: dict, tags: Mapp
             env[n] = n.target(*value(n.args), **value(n.kwargs))
         elif _returns_alias_of(n, known):
             raise NeedsFullRun(f"{n.name} ({n.target}) may return region memory")
+
+
+def _value(a, env: dict):
+    """``a`` with each node replaced by its region memory in ``env`` (a module function: a
+    recursive closure would be a reference cycle holding ``env``, its nodes and views,
+    until a collection)."""
+    if isinstance(a, fx.Node):
+        if a not in env:
+            raise NeedsFullRun(f"{a.name} is not region memory")
+        return env[a]
+    if isinstance(a, (list, tuple)):
+        return type(a)(_value(x, env) for x in a)
+    return a
 
 
 def _returns_alias_of(n: fx.Node, known) -> bool:

@@ -98,22 +98,31 @@ class PassManager:
 
     recompile_every_pass: bool = False
 
-    def __init__(self, passes: Sequence[CadencePass], constraints=(), checks=(), debug: bool = False):
+    def __init__(self, passes: Sequence[CadencePass], constraints=(), checks=(), debug: bool = False,
+                 let_go: "Callable[[fx.GraphModule], None] | None" = None):
         self.passes = list(passes)
         self.constraints = list(constraints)
         self.checks = list(checks)
         self.debug = debug
+        #: called, once the whole pipeline succeeded, on each module a pass replaced by a new
+        #: one (partition's split: the pre-partition graph, ~9k-16k nodes an entry, that
+        #: nothing runs again), so its graph can be unlinked and freed by reference count;
+        #: the caller's input among them (it must not use it after)
+        self.let_go = let_go
         for c in self.constraints:
             if not c(self.passes):
                 raise PassError(f"pass order violates {c.__name__}: {[type(p).__name__ for p in self.passes]}")
 
     def __call__(self, gm: fx.GraphModule) -> tuple[fx.GraphModule, list[PassResult]]:
         results: list[PassResult] = []
+        replaced: list[fx.GraphModule] = []
         every = self.debug or self.recompile_every_pass
         for i, p in enumerate(self.passes):
             make_way()  # a background build steps aside while a chunk runs (foreground.py)
             try:
                 res = p.run(gm, recompile=every, lint=every)
+                if res.graph_module is not gm:
+                    replaced.append(gm)
                 gm = res.graph_module
                 if self.debug:
                     for check in self.checks:
@@ -130,6 +139,9 @@ class PassManager:
                 raise PassError(f"the graph after {[type(q).__name__ for q in self.passes]} is malformed: {e}") from e
             make_way()
             gm.recompile()
+        if self.let_go is not None:
+            for old in replaced:
+                self.let_go(old)
         return gm, results
 
 

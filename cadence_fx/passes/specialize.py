@@ -22,6 +22,7 @@ node names), checked in ``tests/passes/test_specialize.py``; it runs no model co
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Hashable, Mapping
 
 import torch
@@ -262,29 +263,33 @@ def _record_values(gm: fx.GraphModule, binding: Mapping, sym: SymbolicStep) -> N
         mode = static["mode"] = FakeTensorMode(allow_non_fake_inputs=True, allow_fallback_kernels=True)
 
     here: dict = {}  # layouts with a symbol in them, at this binding (many nodes share one)
-
-    def concrete(v):
-        if isinstance(v, SymTensor):
-            if v in static:
-                return static[v]
-            if v in here:
-                return here[v]
-            shape = [_value(x, binding, "a size") for x in v.shape]
-            stride = [_value(x, binding, "a stride") for x in v.stride]
-            offset = _value(v.offset, binding, "an offset")
-            span = 0 if 0 in shape else 1 + sum((n - 1) * st for n, st in zip(shape, stride))
-            base = torch.empty(offset + span, dtype=v.dtype, device="meta")
-            fake = mode.fake_tensor_converter.from_meta_and_device(mode, base.as_strided(shape, stride, offset),
-                                                                   v.device)
-            (here if _free(v) else static)[v] = fake
-            return fake
-        if isinstance(v, (list, tuple)):
-            return type(v)(concrete(x) for x in v)
-        return None if v is None else _value(v, binding, "a value")
+    # a module function, not a recursive closure: that would be a reference cycle holding
+    # ``here``'s fake tensors until a collection
+    concrete = functools.partial(_concrete, binding=binding, static=static, here=here, mode=mode)
 
     for node in gm.graph.nodes:
         if meta.SYM in node.meta:
             node.meta["val"] = concrete(node.meta.pop(meta.SYM))
+
+
+def _concrete(v, binding: Mapping, static: dict, here: dict, mode):
+    """``_record_values``' value of ``v`` at ``binding`` (layouts cached in ``static`` or ``here``)."""
+    if isinstance(v, SymTensor):
+        if v in static:
+            return static[v]
+        if v in here:
+            return here[v]
+        shape = [_value(x, binding, "a size") for x in v.shape]
+        stride = [_value(x, binding, "a stride") for x in v.stride]
+        offset = _value(v.offset, binding, "an offset")
+        span = 0 if 0 in shape else 1 + sum((n - 1) * st for n, st in zip(shape, stride))
+        base = torch.empty(offset + span, dtype=v.dtype, device="meta")
+        fake = mode.fake_tensor_converter.from_meta_and_device(mode, base.as_strided(shape, stride, offset), v.device)
+        (here if _free(v) else static)[v] = fake
+        return fake
+    if isinstance(v, (list, tuple)):
+        return type(v)(_concrete(x, binding, static, here, mode) for x in v)
+    return None if v is None else _value(v, binding, "a value")
 
 
 def _free(v: SymTensor) -> bool:

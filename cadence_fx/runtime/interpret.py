@@ -167,6 +167,19 @@ def drop_graph(gm: torch.nn.Module) -> bool:
     return True
 
 
+def let_go_module(gm: torch.nn.Module) -> None:
+    """Unlink the graph of a module nothing will run or rewrite again (``PassManager``'s
+    ``let_go``: the module partition replaced), so that its nodes are freed by reference
+    count as the build drops it, not found by the collection that ends the build; the
+    module is left with an empty graph.  Anything but a GraphModule is left alone."""
+    if not isinstance(gm, fx.GraphModule):
+        return
+    graph, old = fx.Graph(), gm._graph
+    graph.owning_module = gm
+    gm._graph = graph  # the property's setter would generate code
+    _let_go(old)
+
+
 def _let_go(graph: fx.Graph) -> None:
     """Unlink a graph nothing uses any more (``drop_graph`` swapped it out), so that its
     nodes are freed by reference count as it goes rather than found by a collection.

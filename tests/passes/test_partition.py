@@ -680,6 +680,50 @@ def forward(self, in_x, arena_kv, arena_conv):
         self.assertEqual(records, ["1 region (1 capturable, 0 eager); eager nodes: []",
                                    "captured ['submod_0']; eager islands []"])
 
+    def test_the_graph_partition_replaced_is_let_go_by_reference_count(self):
+        """``rewrite_pipeline(..., let_go=True)`` (the compiler's builds) unlinks the graph
+        partition replaced once the pipeline succeeds: with the collector off, every node of
+        the pipeline's input is freed as the build lets go of it (erased ones too: no pass
+        leaves a reference cycle holding nodes, e.g. a recursive closure over its
+        environment), the input is left with an empty graph, and the lowered program
+        computes what the same pipeline without ``let_go`` computes.  Without it, the
+        input's graph is a reference cycle: every node lives until a collection."""
+        import gc
+        import weakref
+        for rules in ("SR", "SRc"):
+            adapter = ScopedToyAdapter(make_toy(), 2)
+            gm, bindings, plan = toy_entry_graph(adapter, 0)
+            kept = copy.deepcopy(gm)
+            gc.collect()
+            enabled = gc.isenabled()
+            gc.disable()
+            try:
+                refs = [weakref.ref(n) for n in gm.graph.nodes]
+                lowered, results = rewrite_pipeline(bindings, rules, "cpu", adapter.step_boundary(),
+                                                    let_go=True)(gm)
+                self.assertEqual(len(gm.graph.nodes), 0, rules)
+                del results  # the passes' results name the input module
+                self.assertGreater(len(refs), 20)
+                self.assertEqual([r for r in refs if r() is not None], [], rules)
+                kept_refs = [weakref.ref(n) for n in kept.graph.nodes]
+                plain, _ = rewrite_pipeline(bindings, rules, "cpu", adapter.step_boundary())(kept)
+                del kept
+                self.assertTrue(all(r() is not None for r in kept_refs), rules)
+            finally:
+                if enabled:
+                    gc.enable()
+            x = toy_inputs(1, seed=3)[0]["x"]
+            gen = torch.Generator().manual_seed(4)
+            arena = {s.name: torch.randn(s.shape, generator=gen) for s in plan.layout.slots}
+            a = {n: t.clone() for n, t in arena.items()}
+            b = {n: t.clone() for n, t in arena.items()}
+            torch.manual_seed(5)
+            want = run(plain, x, a["kv"], a["conv"])
+            torch.manual_seed(5)
+            got = run(lowered, x, b["kv"], b["conv"])
+            self.assertTrue(all(torch.equal(g, w) for g, w in zip(got, want)), rules)
+            self.assertTrue(all(torch.equal(a[n], b[n]) for n in arena), rules)
+
     def test_regions_run_eagerly_are_the_rules_s_graph(self):
         for rules in ("SR", "SRc"):
             for entry_index in (0, 2):
