@@ -35,6 +35,7 @@ _lock = threading.Lock()
 _free: dict[int, list] = {}  # device index -> streams given back
 _made = 0
 _driver_lib = None
+_contexts: dict[int, Any] = {}  # device index -> its primary context, retained once for the process
 
 
 def take(device: "torch.device | str | int") -> Any:
@@ -103,9 +104,14 @@ def _create(index: int) -> Any:
     torch.cuda.init()
     lib = _driver()
     _check(lib.cuInit(0), "cuInit")
-    dev, ctx, handle = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_void_p()
-    _check(lib.cuDeviceGet(ctypes.byref(dev), index), "cuDeviceGet")
-    _check(lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+    handle = ctypes.c_void_p()
+    with _lock:
+        ctx = _contexts.get(index)
+        if ctx is None:  # retained once (every stream made lives as long as the process)
+            dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+            _check(lib.cuDeviceGet(ctypes.byref(dev), index), "cuDeviceGet")
+            _check(lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+            _contexts[index] = ctx
     _check(lib.cuCtxPushCurrent_v2(ctx), "cuCtxPushCurrent")
     try:
         _check(lib.cuStreamCreate(ctypes.byref(handle), 1), "cuStreamCreate")  # CU_STREAM_NON_BLOCKING

@@ -178,3 +178,35 @@ def test_a_driver_library_that_does_not_load_is_named_in_the_error(monkeypatch):
     monkeypatch.setattr(streams.torch.cuda, "init", lambda: None)
     with pytest.raises(RuntimeError, match="libcuda.so.1.*cannot open shared object file"):
         streams._create(0)
+
+
+def test_the_primary_context_is_retained_once_per_device_not_once_per_stream(monkeypatch):
+    """Every stream made is made in the device's primary context; that context is retained
+    once per device for the process (a retain per stream was never released), and a driver
+    error is named.  A fake driver counts the calls (no GPU here)."""
+    calls: list[tuple] = []
+
+    class Driver:
+        def __getattr__(self, name):
+            def call(*args):
+                calls.append((name, args[-1] if name == "cuDeviceGet" else None))
+                if name == "cuStreamCreate" and len([c for c in calls if c[0] == name]) == 4:
+                    return 700  # CUDA_ERROR_ILLEGAL_ADDRESS, say
+                return 0
+            return call
+
+    monkeypatch.setattr(streams, "_driver_lib", Driver())
+    monkeypatch.setattr(streams, "_contexts", {})
+    monkeypatch.setattr(streams.torch.cuda, "init", lambda: None)
+    monkeypatch.setattr(streams.torch.cuda, "ExternalStream", lambda handle, device: (handle, device))
+    for index in (0, 0, 1):
+        assert streams._create(index)[1] == torch.device("cuda", index)
+    retained = [c for c in calls if c[0] == "cuDevicePrimaryCtxRetain"]
+    assert len(retained) == 2 and [c[1] for c in calls if c[0] == "cuDeviceGet"] == [0, 1]
+    assert len([c for c in calls if c[0] == "cuStreamCreate"]) == 3
+    pushes, pops = ([c for c in calls if c[0] == n] for n in ("cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2"))
+    assert len(pushes) == len(pops) == 3
+    with pytest.raises(RuntimeError, match="cuStreamCreate failed with CUDA driver error 700"):
+        streams._create(0)
+    assert len([c for c in calls if c[0] == "cuCtxPopCurrent_v2"]) == 4  # popped after the failure too
+    assert len([c for c in calls if c[0] == "cuDevicePrimaryCtxRetain"]) == 2
