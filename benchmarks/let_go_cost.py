@@ -22,7 +22,6 @@ host work; ``--device cuda`` builds for the GPU).  Prints one JSON object.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import statistics
 import time
@@ -34,25 +33,7 @@ from cadence_fx import compiler
 from cadence_fx.integrations import stepaudio2 as s2
 from cadence_fx.runtime import interpret
 from cadence_fx.runtime.graphs import CapturedRegion
-
-
-class _Collections:
-    """The collections (any generation) between ``start`` and ``stop``: seconds, objects found."""
-
-    def __init__(self):
-        self.s, self.found, self._t0 = 0.0, 0, None
-        gc.callbacks.append(self._on)
-
-    def _on(self, phase: str, info: dict) -> None:
-        if phase == "start":
-            self._t0 = time.perf_counter()
-        elif self._t0 is not None:
-            self.s += time.perf_counter() - self._t0
-            self.found += info.get("collected", 0)
-            self._t0 = None
-
-    def reset(self) -> None:
-        self.s, self.found = 0.0, 0
+from gc_clock import GcClock  # this folder (a script's path)
 
 
 def programs_of(exe) -> list:
@@ -84,17 +65,17 @@ def main() -> None:
     opt = cadence_fx.optimize(tail, rules="S", cache=False)
     opt.set_stream_cache(*s2.synthetic_prompt(23, seed=23, device=device))  # the trace: not timed
     let_go = interpret._let_go
-    clock = _Collections()
+    clock = GcClock()
 
     def build(tokens: int, unlink: bool):
         interpret._let_go = let_go if unlink else (lambda graph: None)
         try:
             prompt = s2.synthetic_prompt(tokens, seed=tokens, device=device)
-            clock.reset()
+            clock.start()
             t0 = time.perf_counter()
             exe = compiler._compile(opt.adapter_for(int(prompt[1].shape[1]), prompt[2]), "SRc",
                                     programs=opt.programs)
-            return exe, time.perf_counter() - t0, clock.s, clock.found
+            return exe, time.perf_counter() - t0, clock.total_s, clock.found
         finally:
             interpret._let_go = let_go
 

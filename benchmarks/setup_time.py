@@ -45,33 +45,6 @@ def _sync(device) -> None:
         torch.cuda.synchronize()
 
 
-class _GcClock:
-    """Seconds the garbage collector ran, by generation (``gc.callbacks``), since ``start``:
-    a full collection walks every tracked object (0.5-1 s on a Token2Wav heap), and where
-    one lands is most of the spread between rows of the same work."""
-
-    def __init__(self):
-        import gc
-        self._t0 = 0.0
-        self.s = [0.0, 0.0, 0.0]
-        self.n = [0, 0, 0]
-        gc.callbacks.append(self._on)
-
-    def _on(self, phase: str, info: dict) -> None:
-        if phase == "start":
-            self._t0 = time.perf_counter()
-        else:
-            g = info["generation"]
-            self.s[g] += time.perf_counter() - self._t0
-            self.n[g] += 1
-
-    def start(self) -> None:
-        self.s, self.n = [0.0, 0.0, 0.0], [0, 0, 0]
-
-    def report(self) -> dict:
-        return {"full_s": round(self.s[2], 3), "full_n": self.n[2], "young_s": round(self.s[0] + self.s[1], 3)}
-
-
 def run_cadence(args) -> dict:
     import torch
     import cadence_fx
@@ -87,7 +60,8 @@ def run_cadence(args) -> dict:
         opt = cadence_fx.optimize(tail, rules=args.rules, **kwargs)
     except TypeError:  # a cadence_fx without the disk cache
         opt = cadence_fx.optimize(tail, rules=args.rules)
-    rows, gc_clock = [], _GcClock()
+    from gc_clock import GcClock  # this folder (a script's path)
+    rows, gc_clock = [], GcClock()
     for tokens in args.prompt_tokens:
         prompt = s2.synthetic_prompt(tokens, seed=tokens, device=device)
         profile = None
