@@ -157,13 +157,10 @@ def drop_graph(gm: torch.nn.Module) -> bool:
     if not isinstance(gm, fx.GraphModule) or has_code(gm) or gm._forward_pre_hooks or gm._forward_hooks:
         return False
     _program(gm)
-    graph, old = fx.Graph(), gm._graph
-    graph.owning_module = gm
-    gm._graph = graph  # the property's setter would generate code
     cls = type(gm)  # its own class (one per GraphModule)
     for name in ("forward", "_lazy_forward", "recompile", "real_recompile", "_real_recompile", "force_recompile"):
         setattr(cls, name, _dropped)  # code from the empty graph would compute nothing: raise
-    _let_go(old)
+    let_go_module(gm)
     return True
 
 
@@ -181,7 +178,7 @@ def let_go_module(gm: torch.nn.Module) -> None:
 
 
 def _let_go(graph: fx.Graph) -> None:
-    """Unlink a graph nothing uses any more (``drop_graph`` swapped it out), so that its
+    """Unlink a graph nothing uses any more (``let_go_module`` swapped it out), so that its
     nodes are freed by reference count as it goes rather than found by a collection.
 
     A node links to its neighbours, its users and its inputs, and the graph's name table

@@ -656,6 +656,21 @@ class TestToyAtRulesSR(TestCase):
         lowered, results = pm(gm)
         return lowered, s_gm, [str(r.record) for r in results[-2:]], plan
 
+    def assert_same_run(self, got_gm, want_gm, plan, where: str) -> None:
+        """Both graphs on one input, one random arena each (the same values) and one seed:
+        every output and the whole arena after them bit-equal."""
+        x = toy_inputs(1, seed=3)[0]["x"]
+        gen = torch.Generator().manual_seed(4)
+        arena = {s.name: torch.randn(s.shape, generator=gen) for s in plan.layout.slots}
+        a = {n: t.clone() for n, t in arena.items()}
+        b = {n: t.clone() for n, t in arena.items()}
+        torch.manual_seed(5)
+        want = run(want_gm, x, a["kv"], a["conv"])
+        torch.manual_seed(5)
+        got = run(got_gm, x, b["kv"], b["conv"])
+        self.assertTrue(all(torch.equal(g, w) for g, w in zip(got, want)), where)
+        self.assertTrue(all(torch.equal(a[n], b[n]) for n in arena), where)
+
     def test_sr_gives_one_region_per_side_of_the_attention(self):
         lowered, _, records, _ = self.lowered("SR", 0)
         self.assertEqual(records, ["3 regions (3 capturable, 0 eager); eager nodes: []",
@@ -712,34 +727,13 @@ def forward(self, in_x, arena_kv, arena_conv):
             finally:
                 if enabled:
                     gc.enable()
-            x = toy_inputs(1, seed=3)[0]["x"]
-            gen = torch.Generator().manual_seed(4)
-            arena = {s.name: torch.randn(s.shape, generator=gen) for s in plan.layout.slots}
-            a = {n: t.clone() for n, t in arena.items()}
-            b = {n: t.clone() for n, t in arena.items()}
-            torch.manual_seed(5)
-            want = run(plain, x, a["kv"], a["conv"])
-            torch.manual_seed(5)
-            got = run(lowered, x, b["kv"], b["conv"])
-            self.assertTrue(all(torch.equal(g, w) for g, w in zip(got, want)), rules)
-            self.assertTrue(all(torch.equal(a[n], b[n]) for n in arena), rules)
+            self.assert_same_run(lowered, plain, plan, rules)
 
     def test_regions_run_eagerly_are_the_rules_s_graph(self):
         for rules in ("SR", "SRc"):
             for entry_index in (0, 2):
                 lowered, s_gm, _, plan = self.lowered(rules, entry_index)
-                x = toy_inputs(1, seed=3)[0]["x"]
-                gen = torch.Generator().manual_seed(4)
-                arena = {s.name: torch.randn(s.shape, generator=gen) for s in plan.layout.slots}
-                a = {n: t.clone() for n, t in arena.items()}
-                b = {n: t.clone() for n, t in arena.items()}
-                torch.manual_seed(5)
-                want = run(s_gm, x, a["kv"], a["conv"])
-                torch.manual_seed(5)
-                got = run(lowered, x, b["kv"], b["conv"])
-                where = f"{rules} entry {entry_index}"
-                self.assertTrue(all(torch.equal(g, w) for g, w in zip(got, want)), where)
-                self.assertTrue(all(torch.equal(a[n], b[n]) for n in arena), where)
+                self.assert_same_run(lowered, s_gm, plan, f"{rules} entry {entry_index}")
                 self.assertEqual(region_stats(lowered)[0], 0)
 
 
