@@ -33,7 +33,7 @@ chunks behind each other.  So a build steps aside:
   model's set-up); the count of such blocks is process-wide.
 - ``make_way()``: a build's yield point (each op the build dispatches, each pass, each
   entry).  While any foreground block runs, a build that has run for ``SLICE_S`` since
-  the block began or since its last pause pauses, until no block runs or for
+  the block began, since the build began, or since its last pause pauses, until no block runs or for
   ``ran * (1 - share) / share`` seconds: it takes at most ``share`` of the host's time
   while chunks run (``set_build_share``; 1.0: never pauses, as before 2026-12-03), and
   all of it between chunks.  Never a deadlock: a pause always ends.  Between two yield
@@ -44,6 +44,12 @@ chunks behind each other.  So a build steps aside:
   8 voices a second apart at a fixed share 0.1 kept every build paused for the whole run
   (replayed share 0.155, every chunk eager); at 1.0, every chunk beside a build slowed
   (session twenty-three, ``docs/results``).
+- ``backlog()``: builds that queue back to back (a ``BuildQueue`` thread's life: it ends
+  when nothing is queued) count their pauses together, so a build that waited behind
+  held-back builds does not start again from ``share``.  Each build restarting at 0.1 kept
+  8 paced voices on the H200 starved at a rising share that never rose far (replayed 0.17,
+  session thirty-two): the load that held the first build back still holds.  Once the
+  queue empties the next build starts from ``share`` again.
 """
 
 from __future__ import annotations
@@ -124,13 +130,29 @@ class _NoDefaultDraws(TorchDispatchMode):
 def background() -> Iterator[None]:
     """This thread runs a background build for the block (see the module docstring)."""
     if not in_background():
-        _LOCAL.build_yielded_from = yielded_s()  # a new build: held back for nothing yet
+        _LOCAL.ran_since = time.perf_counter()  # a new build has run for nothing yet (make_way's slice)
+        if not getattr(_LOCAL, "backlog", False):
+            _LOCAL.build_yielded_from = yielded_s()  # a new build: held back for nothing yet
     _LOCAL.depth = getattr(_LOCAL, "depth", 0) + 1
     try:
         with _NoDefaultDraws():
             yield
     finally:
         _LOCAL.depth -= 1
+
+
+@contextlib.contextmanager
+def backlog() -> Iterator[None]:
+    """The builds this thread runs in the block queue back to back: their pauses count
+    together for ``held_share`` (see the module docstring), from the block's start."""
+    outer = getattr(_LOCAL, "backlog", False)
+    if not outer:
+        _LOCAL.build_yielded_from = yielded_s()
+    _LOCAL.backlog = True
+    try:
+        yield
+    finally:
+        _LOCAL.backlog = outer
 
 
 #: the share of the host's time a background build takes while a foreground chunk or set-up runs
@@ -194,7 +216,8 @@ def working_count() -> int:
 def held_share(share: float, held_s: float) -> float:
     """The share of a build that has paused ``held_s`` seconds so far: ``share`` doubled for
     every ``HELD_DOUBLING_S`` of it, at most 1 (pure; the module docstring says why)."""
-    return min(1.0, share * 2.0 ** (held_s / HELD_DOUBLING_S))
+    doublings = held_s / HELD_DOUBLING_S
+    return 1.0 if doublings >= 64 else min(1.0, share * 2.0 ** doublings)
 
 
 def make_way() -> None:

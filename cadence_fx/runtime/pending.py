@@ -61,7 +61,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from ..foreground import background, make_way, yielded_s
+from ..foreground import background, backlog, make_way, yielded_s
 from ..plan import CatalogEntry
 from . import collector, device_work
 from .counters import SetupTimes
@@ -113,7 +113,10 @@ class BuildQueue(concurrent.futures.Executor):
     their own 8 (paced traffic, 2026-12-02).  An off-catalog build waits while any
     configuration's is queued.  The thread ends when nothing is queued (the next submit
     starts another), and is not a daemon: the interpreter's exit waits for the build
-    that runs, as ``concurrent.futures.ThreadPoolExecutor``'s does."""
+    that runs, as ``concurrent.futures.ThreadPoolExecutor``'s does.  The builds one thread
+    runs queued back to back, so they step aside for the foreground on one clock
+    (``foreground.backlog``): a build that waited behind held-back builds does not start
+    again from the lowest share."""
 
     def __init__(self, name: str = "cadence-fx-build"):
         self._name = name
@@ -146,6 +149,10 @@ class BuildQueue(concurrent.futures.Executor):
             return [item[0] for item in sorted(self._heap, key=lambda item: item[:2])]
 
     def _work(self) -> None:
+        with backlog():  # builds queued back to back share one held-back clock (foreground.py)
+            self._drain()
+
+    def _drain(self) -> None:
         while True:
             with self._cv:
                 if not self._heap:

@@ -162,3 +162,41 @@ def test_a_sessions_step_and_a_set_up_run_as_foreground_work():
     assert seen == [("setup", 1), ("eager", 1)], seen
     assert foreground.working_count() == 0
     assert torch.is_tensor(next(iter(session.state().values())))
+
+
+def test_builds_queued_back_to_back_share_one_held_back_clock_until_the_queue_empties():
+    """A ``BuildQueue`` thread's builds count their pauses together (``foreground.backlog``):
+    the second of two builds queued under foreground work that never lets up starts at the
+    share the first reached, not at the lowest again; a build queued after the queue
+    emptied starts from the lowest share."""
+    from cadence_fx.runtime.pending import BuildQueue
+    foreground.set_build_share(0.01)
+    old = foreground.HELD_DOUBLING_S
+    foreground.HELD_DOUBLING_S = 0.05
+    queue = BuildQueue("test-backlog")
+    try:
+        first, second, alone = {}, {}, {}
+        with _foreground_working():
+            a = queue.submit(_build_spin, 0.1, first)  # held back: its share rises to the whole host
+            b = queue.submit(_build_spin, 0.02, second)  # queued behind it: starts where it ended
+            a.result(), b.result()
+            assert 0.2 < first["yielded"] < 2.0, first
+            assert second["yielded"] < 0.02, second  # at 0.01 from scratch: >= 0.05 s (below)
+            queue.shutdown()  # the thread has ended: the backlog with it
+            queue = BuildQueue("test-backlog")
+            queue.submit(_build_spin, 0.005, alone).result()
+        assert alone["yielded"] > 0.05, alone
+    finally:
+        queue.shutdown()
+        foreground.HELD_DOUBLING_S = old
+
+
+def test_a_build_that_starts_while_the_foreground_works_pauses_for_its_own_slice_only():
+    """A build's first slice runs from its own start: one that began long after the
+    foreground's block did is not charged that block's age (which paused it for ~9x the
+    age at share 0.1, a starvation under load that never lets up)."""
+    with _foreground_working():
+        time.sleep(0.4)  # the block is old when the build starts
+        out = {}
+        _build_spin(0.004, out)  # ~2 slices: pauses of ~18 ms each at 0.1
+        assert out["wall"] < 1.0 and out["yielded"] < 0.5, out  # charged the block's age: >= 3.6 s
