@@ -179,11 +179,16 @@ class Session:
                 with collector.held(), torch.random.fork_rng(devices=devices):  # no finalizer mid-capture
                     parents = {idx: fresh_regions(p.run, self._rng) for idx, p in self.executable.programs.items()}
                     reserve_copies(pool, list(parents.values()), self._expect_device)  # one buffer: the largest entry's
+                    warm = stream is not None and streams.is_warm(stream)  # an earlier session's, on this thread
                     for i, (idx, program) in enumerate(sorted(self.executable.programs.items())):
                         parent = parents[idx]
                         args = [example_inputs[n] for n in self.executable.inputs] + self._capture_state_args(program)
-                        try:  # the first entry warms the stream up; the later ones capture unwarmed
-                            failed[idx] = capture_entry(parent, args, pool, self._bound_storage(), stream, warm_up=i == 0)
+                        try:  # the first entry warms a new stream up; the later ones capture unwarmed
+                            failed[idx] = capture_entry(parent, args, pool, self._bound_storage(), stream,
+                                                        warm_up=i == 0 and not warm)
+                            if stream is not None and not warm:
+                                streams.warmed(stream)
+                                warm = True
                         except torch.OutOfMemoryError as e:  # capture must never crash a stream: the
                             # entry's uncaptured regions run eagerly, each step counted ("not captured")
                             failed[idx] = {"*": f"out of memory while capturing: {e}"}

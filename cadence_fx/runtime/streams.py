@@ -20,6 +20,14 @@ workspaces keyed by the stream's handle for the process); it is given back when 
 session can replay no more: ``Session.close()`` with no step running, or the session
 collected (``held``).  The next owner's capture begins with a device synchronize
 (``graphs.capture_entry``), after which nothing the old owner launched still runs.
+
+A session's first entry warms its capture stream up (each region run eagerly before it
+is captured: cuBLAS's workspace for the stream and the thread's handle, and whatever
+else a library makes on first use, made outside capture), and its later entries capture
+unwarmed.  ``warmed`` / ``is_warm``: a stream warmed on a thread stays warm for that
+thread, so the next session that takes it back there captures its first entry unwarmed
+too (a capture that fails unwarmed is still warmed up and captured again,
+``graphs.capture_entry``): a new voice's set-up then skips one eager run of an entry.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ _free: dict[int, list] = {}  # device index -> streams given back
 _made = 0
 _driver_lib = None
 _contexts: dict[int, Any] = {}  # device index -> its primary context, retained once for the process
+_warm: set = set()  # (stream handle, thread) pairs a capture has warmed up
 
 
 def take(device: "torch.device | str | int") -> Any:
@@ -52,6 +61,23 @@ def give_back(device: "torch.device | str | int", stream: Any) -> None:
     """``stream`` may go to the next session: its own can replay no more."""
     with _lock:
         _free.setdefault(_index(device), []).append(stream)
+
+
+def _warm_key(stream: Any) -> tuple:
+    return getattr(stream, "cuda_stream", id(stream)), threading.get_ident()
+
+
+def warmed(stream: Any) -> None:
+    """A capture on ``stream`` from this thread was warmed up (its regions ran eagerly first)."""
+    with _lock:
+        _warm.add(_warm_key(stream))
+
+
+def is_warm(stream: Any) -> bool:
+    """Whether a capture on ``stream`` from this thread was warmed up before (streams are
+    never destroyed, so a handle names one stream for the process)."""
+    with _lock:
+        return _warm_key(stream) in _warm
 
 
 def held(owner: object, device: "torch.device | str | int", stream: Any) -> weakref.finalize:

@@ -125,3 +125,39 @@ def test_other_istft_arguments_and_batch_sizes_stay_exact():
         z2 = torch.complex(*spectrum(22, seed=10 + i, batch=2))
         with torch.no_grad():
             assert torch.equal(gm(z2), fn(z2)), kw
+
+
+def test_a_recording_is_reused_at_the_same_window_and_shapes_and_made_again_when_the_window_changes(monkeypatch):
+    """A new prompt length hands the pass the same istft (the same window constant, signal
+    layout and arguments) in a new graph: the checked recording is reused, not recorded
+    and checked again; a window written in place is recorded again, so a window whose
+    envelope now fails keeps the op (it raises, as stock's does), never a stale recording."""
+    import copy
+
+    from cadence_fx.passes import istft_check
+    recorded = []
+    real = istft_check.record_istft
+    monkeypatch.setattr(istft_check, "record_istft", lambda *a: recorded.append(1) or real(*a))
+    window = torch.hann_window(16) * 0.8 + 0.2  # this test's own window: no other test's recording
+
+    def fn(z):
+        return torch.istft(z, 16, 4, 16, window=window)
+
+    gm = trace(fn, torch.complex(*spectrum(20)))
+
+    def twin() -> fx.GraphModule:  # another graph over the same constants, as specialize makes per length
+        return fx.GraphModule(gm, copy.deepcopy(gm.graph))
+
+    first, second = twin(), twin()
+    assert IstftWithoutHostRead()(first).modified and len(recorded) == 1
+    assert IstftWithoutHostRead()(second).modified and len(recorded) == 1
+    assert ops(first) == ops(second)
+    z = torch.complex(*spectrum(20, seed=5))
+    with torch.no_grad():
+        assert torch.equal(second(z), fn(z))
+    (const,) = {getattr(gm, n.target) for n in gm.graph.nodes
+                if n.op == "get_attr" and any(u.target is torch.ops.aten.istft.default for u in n.users)}
+    const.zero_()  # the envelope is zero now: istft raises on every call
+    third = twin()
+    record = IstftWithoutHostRead()(third).record
+    assert len(recorded) == 2 and record.rewritten == 0 and "istft raised" in record.kept[0], record

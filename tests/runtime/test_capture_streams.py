@@ -51,6 +51,21 @@ def test_a_stream_is_never_held_twice_and_a_given_back_one_is_taken_again(fake_s
     assert streams.take(0) not in (a, b, other)  # none free: a new one
 
 
+def test_a_stream_is_warm_only_on_the_thread_that_warmed_it(fake_streams, monkeypatch):
+    """What lets a session capture its first entry unwarmed (``Session.prepare_replay``):
+    the stream, and the thread whose library handles warmed up on it."""
+    import threading
+    monkeypatch.setattr(streams, "_warm", set())
+    a, b = streams.take(0), streams.take(0)
+    assert not streams.is_warm(a)
+    streams.warmed(a)
+    assert streams.is_warm(a) and not streams.is_warm(b)
+    seen = []
+    worker = threading.Thread(target=lambda: seen.append(streams.is_warm(a)))
+    worker.start(), worker.join()
+    assert seen == [False]
+
+
 def test_a_collected_owner_gives_its_stream_back_once(fake_streams):
     class Owner:
         pass

@@ -46,6 +46,8 @@ def test_later_entries_capture_unwarmed_and_a_failed_one_is_warmed_up_and_captur
     from cadence_fx.runtime import graphs
     from helpers.toy_models import ToyAdapter, make_toy, toy_prompt
 
+    from cadence_fx.runtime import streams
+    monkeypatch.setattr(streams, "_warm", set())  # its first entry warms up: a stream no capture warmed
     dev = torch.device("cuda")
     adapter = ToyAdapter(make_toy(4).to(dev), 2)
     exe = compile_executable(adapter, "SRc")
@@ -87,6 +89,49 @@ def test_later_entries_capture_unwarmed_and_a_failed_one_is_warmed_up_and_captur
     assert not stats["fallbacks"], stats["fallbacks"]
     assert stats["capture_retried"] == {f"1/{m.name}": m.unwarmed_failure for m in failed_once}
     assert all(stats["replays"].get(str(i), 0) >= 1 for i in (0, 1, 2)), stats["replays"]
+
+
+@cuda
+def test_a_session_on_a_stream_warmed_on_this_thread_captures_its_first_entry_unwarmed_too(monkeypatch, deterministic):
+    """A closed session's capture stream goes to the next session (``runtime/streams.py``),
+    warm on the thread that warmed it: the next session's first entry is captured without
+    the eager run (one entry's run less for a new voice), and streams exact; on another
+    thread the stream is cold again and its first entry warms it up."""
+    import threading
+
+    from cadence_fx.compiler import compile_executable
+    from cadence_fx.runtime import graphs, streams
+    from helpers.toy_models import ToyAdapter, make_toy, toy_prompt
+
+    monkeypatch.setattr(streams, "_warm", set())  # no stream warmed yet, as far as this test goes
+    dev = torch.device("cuda")
+    adapter = ToyAdapter(make_toy(4).to(dev), 2)
+    exe = compile_executable(adapter, "SRc")
+    real, warm = graphs.capture_entry, []
+
+    def capture_entry(*args, warm_up=True, **kwargs):
+        warm.append(warm_up)
+        return real(*args, warm_up=warm_up, **kwargs)
+
+    monkeypatch.setattr(graphs, "capture_entry", capture_entry)
+    prompt = toy_prompt(2).to(dev)
+    first = adapter.open_session(exe, prompt)
+    stream = first._capture_stream
+    first.close()
+    second = adapter.open_session(exe, prompt)
+    assert second._capture_stream is stream  # the one the first gave back
+    assert warm == [True, False, False, False, False, False]
+    assert second.capture_failures == {0: {}, 1: {}, 2: {}}
+    _stream_exact_against_stock(second, prompt, seed=5)
+    stats = second.stats()
+    assert not stats["fallbacks"] and not stats["capture_retried"], stats
+    assert all(stats["replays"].get(str(i), 0) >= 1 for i in (0, 1, 2)), stats["replays"]
+    second.close()
+    out = {}
+    worker = threading.Thread(target=lambda: out.update(s=adapter.open_session(exe, prompt)))
+    worker.start(), worker.join()
+    assert out["s"]._capture_stream is stream and warm[6:] == [True, False, False]  # cold on that thread
+    _stream_exact_against_stock(out["s"], prompt, seed=6)
 
 
 @cuda
