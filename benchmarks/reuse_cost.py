@@ -5,17 +5,18 @@ nothing in them depends on the length:
 
 - ``stream``: a session's first entry was warmed up (each region run eagerly, then
   captured) even on a capture stream an earlier session had warmed on this thread
-  (``runtime/streams.py``: ``warmed`` / ``is_warm``);
+  (``runtime/streams.py``: ``warmed`` / ``is_warm``), or on a new stream of a thread that
+  had warmed another (``prime``: a few GEMMs make its cuBLAS workspace instead);
 - ``istft``: the istft pass recorded ``aten.istft`` and checked the recording on two
   random signals at every length (``passes/istft_check.py``: ``_RECORDED``).
 
 In ONE process, on one optimized Token2Wav tail (SRc, the drop-in), each prompt length
 in ``--prompt-tokens`` is a new length, set up once; the lengths alternate between the
-variants (``before``: the istft recordings cleared and every stream taken for cold during
-the set-up, so both are made again as before; ``after``: as the code runs), the order
-flipped every pair.  ``set_stream_cache`` sets the new session up while the old one
-lives, so the first timed length takes a new stream (cold either way) and the later ones
-the stream the length before the last gave back.  Timed per length: ``ready_s`` (``set_stream_cache``, synchronized),
+variants (``before``: the istft recordings cleared and every stream taken for cold, never
+primed, during the set-up, so both are made again as before; ``after``: as the code
+runs), the order flipped every pair.  ``set_stream_cache`` sets the new session up while
+the old one lives, so the first timed length takes a new stream (primed after) and the
+later ones the stream the length before the last gave back.  Timed per length: ``ready_s`` (``set_stream_cache``, synchronized),
 ``capture_s`` and ``passes_s`` (the session's ``stats()["setup_s"]``).  Every length is
 then streamed against stock (``lockstep.compare_streams``: every waveform and state
 tensor ``torch.equal``, SHA-256 of the PCM): ``exact`` beside every row.  Prints one
@@ -67,20 +68,20 @@ def main(argv=None) -> int:
     opt.set_stream_cache(*s2.synthetic_prompt(args.first_tokens, seed=args.first_tokens, device=device))
     sync()
     first_s = time.perf_counter() - t0
-    rows, is_warm = [], streams.is_warm
+    rows, is_warm, prime = [], streams.is_warm, streams.prime
     for i, tokens in enumerate(args.prompt_tokens):
         variant = ("before", "after")[(i + i // 2) % 2]  # before, after, after, before, ...
         prompt = s2.synthetic_prompt(tokens, seed=tokens, device=device)
         if variant == "before":  # the stream counts as cold for this set-up (what it warms is still recorded)
             istft_check._RECORDED.clear()
-            streams.is_warm = lambda stream: False
+            streams.is_warm = streams.prime = lambda stream: False
         sync()
         t0 = time.perf_counter()
         try:
             opt.set_stream_cache(*prompt)
             sync()
         finally:
-            streams.is_warm = is_warm
+            streams.is_warm, streams.prime = is_warm, prime
         ready = time.perf_counter() - t0
         setup = opt.session.stats()["setup_s"]
         tail.set_stream_cache(*prompt)

@@ -179,7 +179,8 @@ class Session:
                 with collector.held(), torch.random.fork_rng(devices=devices):  # no finalizer mid-capture
                     parents = {idx: fresh_regions(p.run, self._rng) for idx, p in self.executable.programs.items()}
                     reserve_copies(pool, list(parents.values()), self._expect_device)  # one buffer: the largest entry's
-                    warm = stream is not None and streams.is_warm(stream)  # an earlier session's, on this thread
+                    # warm: an earlier session's on this thread, or new to a thread that warmed another one
+                    warm = stream is not None and (streams.is_warm(stream) or streams.prime(stream))
                     for i, (idx, program) in enumerate(sorted(self.executable.programs.items())):
                         parent = parents[idx]
                         args = [example_inputs[n] for n in self.executable.inputs] + self._capture_state_args(program)

@@ -28,6 +28,10 @@ unwarmed.  ``warmed`` / ``is_warm``: a stream warmed on a thread stays warm for 
 thread, so the next session that takes it back there captures its first entry unwarmed
 too (a capture that fails unwarmed is still warmed up and captured again,
 ``graphs.capture_entry``): a new voice's set-up then skips one eager run of an entry.
+``prime``: a stream new to a thread that has warmed another stream up (its libraries'
+handles made, its kernels loaded: what is per thread or per process) needs only what is
+per stream, cuBLAS's workspace; a few tiny GEMMs on it make that, instead of an entry's
+eager run (a drop-in's second voice, set up while the first still holds its stream).
 """
 
 from __future__ import annotations
@@ -78,6 +82,23 @@ def is_warm(stream: Any) -> bool:
     never destroyed, so a handle names one stream for the process)."""
     with _lock:
         return _warm_key(stream) in _warm
+
+
+def prime(stream: Any) -> bool:
+    """Warm ``stream`` for this thread with a few tiny GEMMs (cuBLAS's workspace for the
+    stream and this thread's handle, through the plain and the bias-fused paths), if this
+    thread has warmed another stream up before; returns whether it did (then ``is_warm``)."""
+    ident = threading.get_ident()
+    with _lock:
+        if not any(thread == ident for _, thread in _warm):
+            return False
+    device = stream.device
+    with torch.cuda.stream(stream):
+        a = torch.ones(16, 16, device=device)
+        torch.mm(a, a), torch.bmm(a[None], a[None]), torch.nn.functional.linear(a, a, a[0])
+    torch.cuda.synchronize(device)
+    warmed(stream)
+    return True
 
 
 def held(owner: object, device: "torch.device | str | int", stream: Any) -> weakref.finalize:

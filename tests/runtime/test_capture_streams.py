@@ -58,12 +58,13 @@ def test_a_stream_is_warm_only_on_the_thread_that_warmed_it(fake_streams, monkey
     monkeypatch.setattr(streams, "_warm", set())
     a, b = streams.take(0), streams.take(0)
     assert not streams.is_warm(a)
+    assert streams.prime(a) is False and not streams.is_warm(a)  # this thread warmed nothing yet: no priming
     streams.warmed(a)
     assert streams.is_warm(a) and not streams.is_warm(b)
     seen = []
-    worker = threading.Thread(target=lambda: seen.append(streams.is_warm(a)))
+    worker = threading.Thread(target=lambda: seen.append((streams.is_warm(a), streams.prime(b))))
     worker.start(), worker.join()
-    assert seen == [False]
+    assert seen == [(False, False)]  # another thread: neither warm nor primed
 
 
 def test_a_collected_owner_gives_its_stream_back_once(fake_streams):

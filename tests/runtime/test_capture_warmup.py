@@ -95,8 +95,9 @@ def test_later_entries_capture_unwarmed_and_a_failed_one_is_warmed_up_and_captur
 def test_a_session_on_a_stream_warmed_on_this_thread_captures_its_first_entry_unwarmed_too(monkeypatch, deterministic):
     """A closed session's capture stream goes to the next session (``runtime/streams.py``),
     warm on the thread that warmed it: the next session's first entry is captured without
-    the eager run (one entry's run less for a new voice), and streams exact; on another
-    thread the stream is cold again and its first entry warms it up."""
+    the eager run (one entry's run less for a new voice), and streams exact; a new stream
+    on that thread is primed (``streams.prime``) and captured unwarmed too; on a thread
+    that warmed nothing the stream is cold and its first entry warms it up."""
     import threading
 
     from cadence_fx.compiler import compile_executable
@@ -126,11 +127,21 @@ def test_a_session_on_a_stream_warmed_on_this_thread_captures_its_first_entry_un
     stats = second.stats()
     assert not stats["fallbacks"] and not stats["capture_retried"], stats
     assert all(stats["replays"].get(str(i), 0) >= 1 for i in (0, 1, 2)), stats["replays"]
-    second.close()
+    # a new stream (the second still holds its own), on a thread that warmed one: primed with a
+    # few GEMMs (streams.prime), every entry captured unwarmed
+    third = adapter.open_session(exe, prompt)
+    assert third._capture_stream is not stream and streams.is_warm(third._capture_stream)
+    assert warm[6:] == [False, False, False] and third.capture_failures == {0: {}, 1: {}, 2: {}}
+    _stream_exact_against_stock(third, prompt, seed=7)
+    stats = third.stats()
+    assert not stats["fallbacks"] and not stats["capture_retried"], stats
+    assert all(stats["replays"].get(str(i), 0) >= 1 for i in (0, 1, 2)), stats["replays"]
+    second.close(), third.close()
     out = {}
     worker = threading.Thread(target=lambda: out.update(s=adapter.open_session(exe, prompt)))
     worker.start(), worker.join()
-    assert out["s"]._capture_stream is stream and warm[6:] == [True, False, False]  # cold on that thread
+    # a thread that warmed nothing: its first entry warms the stream up (no priming there)
+    assert out["s"]._capture_stream in (stream, third._capture_stream) and warm[9:] == [True, False, False]
     _stream_exact_against_stock(out["s"], prompt, seed=6)
 
 
