@@ -68,7 +68,8 @@ def give_back(device: "torch.device | str | int", stream: Any) -> None:
 
 
 def _warm_key(stream: Any) -> tuple:
-    return getattr(stream, "cuda_stream", id(stream)), threading.get_ident()
+    device = getattr(stream, "device", None)
+    return getattr(device, "index", None), getattr(stream, "cuda_stream", id(stream)), threading.get_ident()
 
 
 def warmed(stream: Any) -> None:
@@ -87,10 +88,11 @@ def is_warm(stream: Any) -> bool:
 def prime(stream: Any) -> bool:
     """Warm ``stream`` for this thread with a few tiny GEMMs (cuBLAS's workspace for the
     stream and this thread's handle, through the plain and the bias-fused paths), if this
-    thread has warmed another stream up before; returns whether it did (then ``is_warm``)."""
-    ident = threading.get_ident()
+    thread has warmed another stream of its device up before; returns whether it did
+    (then ``is_warm``)."""
+    index, _, ident = _warm_key(stream)
     with _lock:
-        if not any(thread == ident for _, thread in _warm):
+        if not any(dev == index and thread == ident for dev, _, thread in _warm):
             return False
     device = stream.device
     with torch.cuda.stream(stream):

@@ -66,6 +66,11 @@ def test_a_stream_is_warm_only_on_the_thread_that_warmed_it(fake_streams, monkey
     worker.start(), worker.join()
     assert seen == [(False, False)]  # another thread: neither warm nor primed
 
+    class _OnDevice(_Stream):
+        device = torch.device("cuda", 1)
+
+    assert streams.prime(_OnDevice(99)) is False  # warmed on this thread, but on another device
+
 
 def test_a_collected_owner_gives_its_stream_back_once(fake_streams):
     class Owner:
