@@ -98,6 +98,7 @@ def main(argv=None) -> int:
         return round(statistics.median(vals), 3) if vals else None
 
     pairs = [(rows[j], rows[j + 1]) for j in range(0, len(rows) - 1, 2)]
+
     def ratio(a, b, key):  # after / before of one pair (None where before took no time: the CPU's capture)
         after, before = (a, b) if a["variant"] == "after" else (b, a)
         return round(after[key] / before[key], 3) if before[key] else None

@@ -303,7 +303,8 @@ def capture_entry(parent: torch.fx.GraphModule, args: Sequence[Any], pool, arena
     stream) happens outside capture.  A stream that already captured an entry is
     warm: its later entries (and a session's mid-stream captures) pass False and
     skip that run, a Python run of every op, and so does a session's first entry on a
-    stream an earlier session warmed on this thread (``streams.is_warm``).  A capture that fails unwarmed (an
+    stream an earlier session warmed on this thread, or one primed for it
+    (``streams.is_warm``, ``streams.prime``).  A capture that fails unwarmed (an
     initialization capture cannot take; ``torch.cuda.graph`` is in its strict mode)
     is retried after the warm-up, and only a second failure leaves the region eager.
 

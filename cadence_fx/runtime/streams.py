@@ -48,7 +48,7 @@ _free: dict[int, list] = {}  # device index -> streams given back
 _made = 0
 _driver_lib = None
 _contexts: dict[int, Any] = {}  # device index -> its primary context, retained once for the process
-_warm: set = set()  # (stream handle, thread) pairs a capture has warmed up
+_warm: set = set()  # (device index, stream handle, thread) of each stream a capture warmed up on a thread
 
 
 def take(device: "torch.device | str | int") -> Any:
