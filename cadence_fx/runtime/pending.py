@@ -387,13 +387,12 @@ class PendingSession(Session):
 
     def _capture_entry(self, index: int, inputs: Mapping[str, torch.Tensor]) -> str | None:
         """Capture entry ``index``'s graphs on this arena now (the live state saved and put back),
-        on this session's own capture stream: its first capture warms that stream up."""
+        on this session's own capture stream (warmed up first where it is cold: ``Session._must_warm_up``)."""
         t0 = time.perf_counter()
-        warm = self._capture_stream is None
         self._own_capture_stream()  # no other live session's (runtime/streams.py)
         program = self.executable.programs[index]
         try:
-            parent, failed, error = self._capture_mid_stream(program, inputs, warm_up=warm)
+            parent, failed, error = self._capture_mid_stream(program, inputs)
         finally:
             self._stats.setup.capture_s += time.perf_counter() - t0
         if error is not None:  # never a crash mid-stream: this entry runs eagerly in this session

@@ -148,6 +148,7 @@ class Session:
         self._variant_capture_s: dict[str, float] = {}
         self._pool = None  # prepare_replay's graph pool and capture stream, for later captures
         self._capture_stream, self._give_stream = None, None  # its own (runtime/streams.py), given back at close
+        self._warmed = False  # a capture of this session ran (``_must_warm_up``: a CPU fake has no stream to ask)
         self._rng = None  # prepare_replay's GraphRng: the generator state this session's graphs draw from
 
     # ------------------------------------------------------------------ public
@@ -155,12 +156,11 @@ class Session:
     def prepare_replay(self, example_inputs: Mapping[str, torch.Tensor]) -> dict[int, dict[str, str]]:
         """Capture every entry's graphs on this session's memory (before its state is set up).
 
-        Capture runs each entry once for real: the generators are forked so the
-        caller's random stream is untouched, and the state is reset afterwards
-        (``load_state`` sets it up).  Returns per entry the regions whose capture
-        failed (they run eagerly).  If capture raises (anything but out of memory,
-        which is recorded), the session keeps no graphs and is marked broken.  Its wall
-        time is ``stats()["setup_s"]["capture_s"]``.
+        Capture runs each entry once for real: the generators are forked so the caller's random
+        stream is untouched, and the state is reset afterwards (``load_state`` sets it up).  Returns
+        per entry the regions whose capture failed (they run eagerly).  If capture raises (anything
+        but out of memory, which is recorded), the session keeps no graphs and is marked broken.
+        Its wall time is ``stats()["setup_s"]["capture_s"]``.
         """
         from .graphs import GraphPool, GraphRng, capture_entry, fresh_regions, reserve_copies
         failed: dict[int, dict[str, str]] = {}
@@ -179,17 +179,13 @@ class Session:
                 with collector.held(), torch.random.fork_rng(devices=devices):  # no finalizer mid-capture
                     parents = {idx: fresh_regions(p.run, self._rng) for idx, p in self.executable.programs.items()}
                     reserve_copies(pool, list(parents.values()), self._expect_device)  # one buffer: the largest entry's
-                    # warm: an earlier session's on this thread, or new to a thread that warmed another one
-                    warm = stream is not None and (streams.is_warm(stream) or streams.prime(stream))
-                    for i, (idx, program) in enumerate(sorted(self.executable.programs.items())):
+                    for idx, program in sorted(self.executable.programs.items()):
                         parent = parents[idx]
                         args = [example_inputs[n] for n in self.executable.inputs] + self._capture_state_args(program)
-                        try:  # the first entry warms a new stream up; the later ones capture unwarmed
+                        try:  # a cold stream's first capture warms it up; the later ones capture unwarmed
                             failed[idx] = capture_entry(parent, args, pool, self._bound_storage(), stream,
-                                                        warm_up=i == 0 and not warm)
-                            if stream is not None and not warm:
-                                streams.warmed(stream)
-                                warm = True
+                                                        warm_up=self._must_warm_up(stream))
+                            self._warmed_up(stream)
                         except torch.OutOfMemoryError as e:  # capture must never crash a stream: the
                             # entry's uncaptured regions run eagerly, each step counted ("not captured")
                             failed[idx] = {"*": f"out of memory while capturing: {e}"}
@@ -297,15 +293,14 @@ class Session:
         unused._stats.setup = dataclasses.replace(SetupTimes(), capture_s=theirs.capture_s)
 
     def stats(self) -> dict:
-        """Steps, graph and replay runs per entry (and per specialization, by its label),
-        fallbacks by reason, ``setup_s`` (``SetupTimes``) and, where the executable keeps
-        specializations, ``specializations``: its policy, bounds, what it holds and refused,
-        and what this session captured (seconds per label).  Under replay, ``graph_rng``:
-        ``"session"`` (its graphs draw from a generator state of their own) or
-        ``"default"`` (this PyTorch lacks the graph-safe generator API); ``capture_retried``;
-        ``graph_pools_renewed`` (fresh pools taken after failed captures, ``graphs.GraphPool``);
-        ``static_copies``: the bytes its shared calls' copy buffers hold and how often one grew;
-        ``capture_streams``: the process's (``runtime/streams.py``: made, free per device)."""
+        """Steps, graph and replay runs per entry (and per specialization, by its label), fallbacks
+        by reason, ``setup_s`` (``SetupTimes``) and, where the executable keeps specializations,
+        ``specializations``: its policy, bounds, what it holds and refused, and what this session
+        captured (seconds per label).  Under replay, ``graph_rng``: ``"session"`` (its graphs draw from
+        a generator state of their own) or ``"default"`` (this PyTorch lacks the graph-safe generator
+        API); ``capture_retried``; ``graph_pools_renewed`` (fresh pools taken after failed captures,
+        ``graphs.GraphPool``); ``static_copies``: the bytes its shared calls' copy buffers hold and how
+        often one grew; ``capture_streams``: the process's (``runtime/streams.py``: made, free per device)."""
         out = self._stats.to_json()
         if self._programs is not None and self._expect_device.type == "cuda":
             out["graph_rng"] = "session" if self._rng is not None else "default"
@@ -355,6 +350,17 @@ class Session:
             self._capture_stream = streams.take(self._expect_device)
             self._give_stream = streams.held(self, self._expect_device, self._capture_stream)
         return self._capture_stream
+
+    def _must_warm_up(self, stream) -> bool:
+        """Whether a capture on this session's ``stream`` runs its regions eagerly first (both
+        capture paths ask here): not where this thread warmed it (``streams.is_warm``) or primes it."""
+        cuda = self._expect_device.type == "cuda"  # a CPU fake: the session's first capture warms up
+        return not (streams.is_warm(stream) or streams.prime(stream)) if cuda else not self._warmed
+
+    def _warmed_up(self, stream) -> None:
+        self._warmed = True
+        if self._expect_device.type == "cuda":  # and for later sessions on this thread
+            streams.warmed(stream)
 
     # ------------------------------------------------------------- one step
     def _before_step(self) -> None:
@@ -433,8 +439,8 @@ class Session:
         with device_work.try_held() as free:  # mid-stream: never wait for a background build
             return self._capture_variant(key, program, inputs) if free else (None, device_work.DEFERRED)
 
-    def _capture_mid_stream(self, program: EntryProgram, inputs: Mapping[str, torch.Tensor],
-                            warm_up: bool | None = None) -> tuple[Any, dict[str, str], str | None]:
+    def _capture_mid_stream(self, program: EntryProgram,
+                            inputs: Mapping[str, torch.Tensor]) -> tuple[Any, dict[str, str], str | None]:
         """``graphs.capture_variant`` of ``program`` on this session's arena now, between two
         chunks (the live state copied out first and written back after: capture runs the
         step), into this session's pool with its generator state: ``(parent, failed, error)``."""
@@ -444,11 +450,13 @@ class Session:
         args = [inputs[n] for n in self.executable.inputs] + self._capture_state_args(program)
         if self._pool is None and self._expect_device.type == "cuda":
             self._pool, self._rng = GraphPool(), GraphRng.for_device(self._expect_device)
-        fresh = self._capture_stream is None  # a stream that never captured warms up first
         stream = self._own_capture_stream() if self._expect_device.type == "cuda" else self._capture_stream
         try:
-            return capture_variant(program.run, args, self._pool, self._bound_storage(), stream,
-                                   self._expect_device, self._rng, warm_up=fresh if warm_up is None else warm_up)
+            captured = capture_variant(program.run, args, self._pool, self._bound_storage(), stream,
+                                       self._expect_device, self._rng, warm_up=self._must_warm_up(stream))
+            if captured[2] is None:  # it ran (warmed up, or captured unwarmed): the stream is warm now
+                self._warmed_up(stream)
+            return captured
         finally:  # capture ran the step on the arena: put the live state back (a failure here breaks it)
             self._write_state(saved, extents)
 
@@ -511,8 +519,7 @@ class Session:
         return {r: self.arena.view(r, self.extents.get(r)) for r in self.executable.carried}
 
     def _private_state(self) -> dict[str, torch.Tensor]:
-        """Copies of the live views with their strides (the fallback sees the layouts it
-        would see on the arena, so the same kernels run)."""
+        """Copies of the live views with their strides (the fallback sees the arena's layouts: the same kernels)."""
         return {r: copy_strided(view) for r, view in self._live_state().items()}
 
     def _admit(self, entry: CatalogEntry, inputs: Mapping[str, torch.Tensor]) -> str | None:

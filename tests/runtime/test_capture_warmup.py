@@ -147,6 +147,58 @@ def test_a_session_on_a_stream_warmed_on_this_thread_captures_its_first_entry_un
 
 
 @cuda
+def test_a_pending_sessions_first_capture_between_chunks_asks_the_same_warm_stream_registry(monkeypatch, deterministic):
+    """A session opened before its build landed (``PendingSession``) captures its entries
+    between chunks (``idle``), through ``Session._capture_mid_stream``; it decides warm-up
+    where ``prepare_replay`` does (``Session._must_warm_up``): on a stream this thread
+    warmed, its first capture is unwarmed too, exact against stock and replayed."""
+    import concurrent.futures
+
+    from cadence_fx import compiler
+    from cadence_fx.runtime import graphs, streams
+    from cadence_fx.runtime.pending import Build, PendingSession
+    from helpers.toy_models import ToyAdapter, assert_lockstep_exact, make_toy, toy_inputs, toy_prompt
+
+    monkeypatch.setattr(streams, "_warm", set())
+    dev = torch.device("cuda")
+    adapter = ToyAdapter(make_toy(4).to(dev), 2)
+    exe = compiler.compile_executable(adapter, "SRc")
+    prompt = toy_prompt(2).to(dev)
+    first = adapter.open_session(exe, prompt)  # warms its new stream up, on this thread
+    stream = first._capture_stream
+    first.close()
+    real, warm = graphs.capture_variant, []
+
+    def capture_variant(*args, warm_up=None, **kwargs):
+        warm.append(warm_up)
+        return real(*args, warm_up=warm_up, **kwargs)
+
+    monkeypatch.setattr(graphs, "capture_variant", capture_variant)
+    worker = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        build = Build("toy", lambda: exe, worker)
+        session = compiler.open_pending_session(adapter, "SRc", build, prompt)
+        assert isinstance(session, PendingSession)
+        stock = make_toy(4).to(dev)
+        with torch.no_grad():
+            stock_state = stock.setup(prompt)
+        xs = [{k: v.to(dev) for k, v in x.items()} for x in toy_inputs(6, seed=9)]
+        stock_state = assert_lockstep_exact(stock, stock_state, session, xs[:1], 2)  # eager: the build starts
+        assert build.wait(60)
+        assert session.idle() == [0, 1, 2]
+        assert session._capture_stream is stream  # the one the first session gave back, warm on this thread
+        assert warm == [False, False, False]  # before: the first capture warmed up (a stream new to the session)
+        assert session.capture_failures == {0: {}, 1: {}, 2: {}}
+        assert_lockstep_exact(stock, stock_state, session, xs[1:], 2)
+        stats = session.stats()
+        assert not stats["capture_retried"], stats
+        assert sum(stats["replays"].values()) == 5, stats["replays"]
+        session.close()
+    finally:
+        worker.shutdown(wait=True)
+
+
+@cuda
 def test_an_invalidated_capture_leaves_one_region_eager_and_the_later_captures_take_a_fresh_pool(
         monkeypatch, deterministic):
     """A host sync inside a capture invalidates it, and PyTorch's allocator then keeps

@@ -396,19 +396,21 @@ def test_set_off_catalog_switches_a_compiled_model(tmp_path):
     assert opt.off_catalog[0] == "specialize"  # a bad call changes nothing
 
 
-def _fake_capture(monkeypatch, fail_frames: int | None = None) -> tuple[object, list[int]]:
+def _fake_capture(monkeypatch, fail_frames: int | None = None) -> tuple[object, list[int], list[bool]]:
     """Rules SRc on the CPU: ``capture_entry`` faked as tests/serving/test_multi_session.py
     fakes it (it scribbles on the arena and draws from the generator; it raises for
-    chunks of ``fail_frames`` frames).  Returns the compiled toy executable and the list
-    each capture appends its chunk's frame count to."""
+    chunks of ``fail_frames`` frames).  Returns the compiled toy executable, the list
+    each capture appends its chunk's frame count to, and the list of its ``warm_up`` flags."""
     from cadence_fx import compiler
     from cadence_fx.runtime import graphs
 
     monkeypatch.setattr(compiler, "check_rules", lambda rules, device: rules)  # lower for replay on the CPU
     calls: list[int] = []
+    warm: list[bool] = []
 
     def capture_entry(parent, args, pool, arena_ptr, stream, warm_up=True):
         calls.append(args[0].shape[2])
+        warm.append(warm_up)
         for a in args:
             if isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == arena_ptr:
                 a.fill_(3.0)  # the warm-up run writes into the arena
@@ -419,14 +421,14 @@ def _fake_capture(monkeypatch, fail_frames: int | None = None) -> tuple[object, 
 
     monkeypatch.setattr(graphs, "capture_entry", capture_entry)
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
-    return compiler.compile_executable(ToyAdapter(make_toy(RETAIN), 5), "SRc", off_catalog="specialize"), calls
+    return compiler.compile_executable(ToyAdapter(make_toy(RETAIN), 5), "SRc", off_catalog="specialize"), calls, warm
 
 
 def test_a_mid_stream_capture_leaves_the_state_and_the_generators_as_they_were(monkeypatch):
     """Each session captures an off-catalog program the first time it runs it,
     mid-stream (``_fake_capture``); its live state is written back and the generators
     are forked, so every step stays exact."""
-    exe, calls = _fake_capture(monkeypatch)
+    exe, calls, warm = _fake_capture(monkeypatch)
     adapter = ToyAdapter(make_toy(RETAIN), 5)
     for session_no in range(2):
         before = len(calls)
@@ -435,6 +437,9 @@ def test_a_mid_stream_capture_leaves_the_state_and_the_generators_as_they_were(m
             s.step(_x(frames, 200 + i), f"session {session_no} step {i}", **({"last": True} if last else {}))
         # the 3 catalog entries at opening, then each off-catalog key once, in stream order
         assert calls[before:] == [3] * 3 + [2, 3, 1, 3, 1], calls[before:]
+        # each session's first capture warms up, the rest (mid-stream ones too) do not: one rule
+        # for both capture paths (``Session._must_warm_up``; on the CPU no stream to ask)
+        assert warm[before:] == [True] + [False] * 7, warm[before:]
         assert set(s.session.stats()["specializations"]["captured_here_s"]) == {
             "entry 0 | x (1, 4, 2)", "off-catalog kv=7 | x (1, 4, 3)", "entry 2 | x (1, 4, 1)",
             "entry 2 | x (1, 4, 3) | last", "entry 2 | x (1, 4, 1) | last"}
@@ -444,7 +449,7 @@ def test_a_failed_mid_stream_capture_runs_that_key_eagerly_and_is_not_tried_agai
     """A mid-stream capture that raises (not out of memory; ``_fake_capture`` fails every
     1-frame chunk) sends that chunk, and that key's later chunks in the session, to the
     eager path with the reason; it is not tried again, and every step stays exact."""
-    exe, calls = _fake_capture(monkeypatch, fail_frames=1)
+    exe, calls, _ = _fake_capture(monkeypatch, fail_frames=1)
     adapter = ToyAdapter(make_toy(RETAIN), 5)
     for session_no in range(2):
         before = len(calls)
