@@ -24,6 +24,7 @@ from ..foreground import forked_rng, in_background
 from ..passes.specialize import specialize
 from ..passes.trace_symbolic import ModuleStateChanged, SymbolicStep, trace_symbolic
 from ..plan import CatalogEntry, Plan
+from ..runtime import device_work
 from ..runtime.arena import empty_of, zeros_of
 from .shapes import NotAffine, symbolic_shapes
 from .store import ProgramStore, symbolic_key
@@ -80,8 +81,9 @@ def _trace(adapter, plan_at: Callable, plan: Plan, entry: CatalogEntry, by_regio
         return (lambda i, s: step(i, s, **flags)) if flags else step
 
     def trace() -> SymbolicStep:
-        return trace_symbolic(bind, sig, {d: dims[d] for d in symbolic}, inputs, state, buffers, device,
-                              watch, memo_methods=adapter.memo_methods())
+        with device_work.host_only():  # fake tensors: a build lets streams capture meanwhile
+            return trace_symbolic(bind, sig, {d: dims[d] for d in symbolic}, inputs, state, buffers, device,
+                                  watch, memo_methods=adapter.memo_methods())
     try:
         sym = trace()
     except ModuleStateChanged as e:

@@ -6,11 +6,17 @@ uploads, istft's check on the device.  PyTorch captures CUDA graphs in CUDA's
 ``global`` mode, where an allocation, a copy or a launch on the legacy stream from
 *another* thread during a capture invalidates that capture (or fails the other
 thread's call).  So the two never overlap: a build holds ``LOCK`` from its start to
-its end, and every capture holds it too.  A capture that is part of a set-up
-(``Session.prepare_replay``) waits for a running build; one between two chunks of a
-live stream (an entry or an off-catalog program captured mid-stream) does not: it
-tries, and if a build holds the lock the chunk runs on the exact eager path and the
-capture is tried again at the next chunk (the reason counted).
+its end (but for its symbolic traces, below), and every capture holds it too.  A
+capture that is part of a set-up (``Session.prepare_replay``) waits for a running
+build; one between two chunks of a live stream (an entry or an off-catalog program
+captured mid-stream) does not: it tries, and if a build holds the lock the chunk runs
+on the exact eager path and the capture is tried again at the next chunk (the reason
+counted).
+
+A build's symbolic trace runs on fake tensors and touches nothing on the device; it may
+take many seconds (a new window length's program, traced mid-traffic), so the build lets
+go of the lock for it (``host_only``: every level released, taken back after) and the
+streams' captures run meanwhile.
 
 A build lets a capture in between its catalog entries: a capture that found the lock
 taken (``try_held``) or waits for it (``held``) marks itself wanted, and the build, at
@@ -22,6 +28,7 @@ its next chunks, and a set-up waits for one entry of a build, not the whole of i
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from typing import Iterator
 
@@ -80,3 +87,20 @@ def yield_to_captures(timeout: float = YIELD_S) -> bool:
         if not _TURN.wait_for(lambda: not _wanted.is_set(), timeout):
             _wanted.clear()  # nobody came (the stream ended): do not wait at the next point too
     return True
+
+
+@contextlib.contextmanager
+def host_only() -> Iterator[None]:
+    """A block that touches nothing on the device (a symbolic trace, on fake tensors): if this
+    thread holds ``LOCK`` (a build), every level of it is released for the block, so a
+    stream's capture may run meanwhile, and taken back after (waiting for a capture that
+    runs then).  Elsewhere it does nothing; and with ``CADENCE_FX_TRACE_HOLDS_DEVICE=1`` (the
+    control: a build holds the lock through its traces, as before)."""
+    if not LOCK._is_owned() or os.environ.get("CADENCE_FX_TRACE_HOLDS_DEVICE") == "1":
+        yield
+        return
+    saved = LOCK._release_save()  # as threading.Condition.wait does: every level of the RLock
+    try:
+        yield
+    finally:
+        LOCK._acquire_restore(saved)

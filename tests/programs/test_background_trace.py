@@ -35,3 +35,36 @@ def test_a_build_traces_only_after_a_clean_trace_of_the_model_and_refuses_nothin
     with foreground.background():  # on the worker: traced on fake tensors, the fence on
         exe = compile_executable(SymbolicToyAdapter(model, 7), "S", programs=fresh)
     assert _hows(exe) == ["traced symbolic, specialized"] * len(exe.programs) and len(fresh) == len(exe.programs)
+
+
+def test_a_builds_symbolic_trace_lets_a_streams_capture_take_the_device_lock(monkeypatch):
+    """A build holds ``device_work.LOCK`` (no capture beside its device work) but lets go of
+    it while it traces symbolically (fake tensors: ``device_work.host_only``): a capture
+    tried then gets the lock; around the trace the build holds it."""
+    import threading
+
+    from cadence_fx.passes import trace_symbolic as ts
+    from cadence_fx.programs import entry
+    from cadence_fx.runtime import device_work
+
+    seen, real = [], entry.trace_symbolic
+
+    def traced(*args, **kwargs):
+        def capture():
+            with device_work.try_held() as free:
+                seen.append(free)
+        other = threading.Thread(target=capture)
+        other.start(), other.join(10)
+        return real(*args, **kwargs)
+
+    model = make_toy(4)
+    compile_executable(SymbolicToyAdapter(model, 5), "S", programs=ProgramStore())  # its first uses, for real
+    monkeypatch.setattr(entry, "trace_symbolic", traced)
+    store = ProgramStore()
+    store.traced_clean = True
+    with device_work.LOCK, foreground.background():  # as runtime.pending.Build._run
+        exe = compile_executable(SymbolicToyAdapter(model, 7), "S", programs=store)
+        assert device_work.LOCK._is_owned()
+    assert _hows(exe) == ["traced symbolic, specialized"] * len(exe.programs)
+    assert seen == [True] * len(exe.programs)  # one capture let in during each entry's trace
+    assert ts.trace_symbolic is real  # (the pass itself untouched)

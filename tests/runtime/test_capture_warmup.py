@@ -199,6 +199,54 @@ def test_a_pending_sessions_first_capture_between_chunks_asks_the_same_warm_stre
 
 
 @cuda
+def test_sessions_capture_while_a_build_traces_symbolically_and_both_hold(monkeypatch, deterministic):
+    """A build lets go of ``device_work.LOCK`` while it traces symbolically (fake tensors:
+    ``device_work.host_only``), so a session set up meanwhile captures beside the trace
+    (CUDA's global capture mode: a device call from the tracing thread would invalidate
+    the capture or fail the trace).  Both hold: each session captured every entry and
+    streams exact against stock, replayed; the build's programs are traced symbolically."""
+    import threading
+
+    from cadence_fx import foreground
+    from cadence_fx.compiler import compile_executable
+    from cadence_fx.programs import ProgramStore, entry
+    from cadence_fx.runtime import device_work
+    from helpers.toy_models import SymbolicToyAdapter, ToyAdapter, make_toy, toy_prompt
+
+    dev = torch.device("cuda")
+    model = make_toy(4).to(dev)
+    adapter = ToyAdapter(model, 2)
+    exe = compile_executable(adapter, "SRc")
+    compile_executable(SymbolicToyAdapter(model, 5), "S", programs=ProgramStore())  # its first uses, for real
+    prompt = toy_prompt(2).to(dev)
+    opened, real = [], entry.trace_symbolic
+
+    def traced(*args, **kwargs):
+        other = threading.Thread(target=lambda: opened.append(adapter.open_session(exe, prompt)))
+        other.start()  # its capture runs while this thread traces
+        try:
+            return real(*args, **kwargs)
+        finally:
+            other.join(120)
+
+    monkeypatch.setattr(entry, "trace_symbolic", traced)
+    store = ProgramStore()
+    store.traced_clean = True
+    with device_work.LOCK, foreground.background():  # as runtime.pending.Build._run
+        built = compile_executable(SymbolicToyAdapter(model, 7), "S", programs=store)
+    monkeypatch.undo()
+    assert [e["how"] for e in built.notes["setup"].values()] == ["traced symbolic, specialized"] * len(built.programs)
+    assert len(opened) == len(built.programs)
+    for n, session in enumerate(opened):
+        assert session.capture_failures == {0: {}, 1: {}, 2: {}}
+        _stream_exact_against_stock(session, prompt, seed=20 + n)
+        stats = session.stats()
+        assert not stats["fallbacks"] and not stats["capture_retried"], stats
+        assert all(stats["replays"].get(str(i), 0) >= 1 for i in (0, 1, 2)), stats["replays"]
+        session.close()
+
+
+@cuda
 def test_an_invalidated_capture_leaves_one_region_eager_and_the_later_captures_take_a_fresh_pool(
         monkeypatch, deterministic):
     """A host sync inside a capture invalidates it, and PyTorch's allocator then keeps

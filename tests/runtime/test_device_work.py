@@ -82,3 +82,61 @@ def test_a_set_up_capture_waits_for_one_entry_of_a_build_not_the_whole_of_it():
     build.join(10)
     waiter.join(10)
     assert log == [("set-up captured", True), ("yielded", True), ("build goes on", True)]
+
+
+def test_a_builds_host_only_work_lets_captures_in_and_takes_every_level_back_after():
+    """``host_only`` (a build's symbolic trace: fake tensors, nothing on the device):
+    another thread's capture gets the lock meanwhile; after it, the build holds the lock
+    at every level it held before, once the capture that runs then has let go."""
+    got, capturing, release = [], threading.Event(), threading.Event()
+
+    def capture():
+        with device_work.try_held() as free:
+            got.append(free)
+            if free:
+                capturing.set()
+                release.wait(10)
+
+    with device_work.host_only():  # not held here: nothing to release, nothing taken
+        assert not device_work.LOCK._is_owned()
+    log = []
+
+    def build():
+        with device_work.LOCK, device_work.LOCK:
+            with device_work.host_only():
+                assert not device_work.LOCK._is_owned()
+                other = threading.Thread(target=capture)
+                other.start()
+                assert capturing.wait(10)  # the capture runs while the build traces
+            log.append("back")  # only after the capture let go
+            log.append(device_work.LOCK._is_owned())
+        log.append(device_work.LOCK._is_owned())  # two levels released by the two withs
+        other.join(10)
+
+    t = threading.Thread(target=build)
+    t.start()
+    assert capturing.wait(10) and got == [True]
+    time.sleep(0.2)
+    assert log == []  # the build waits for the running capture
+    release.set()
+    t.join(10)
+    assert log == ["back", True, False]
+    with device_work.try_held() as free:
+        assert free  # nobody holds it now
+
+
+def test_the_control_keeps_the_lock_through_host_only_work(monkeypatch):
+    """``CADENCE_FX_TRACE_HOLDS_DEVICE=1``: a build holds the lock through its traces (what a
+    paired measurement compares against)."""
+    monkeypatch.setenv("CADENCE_FX_TRACE_HOLDS_DEVICE", "1")
+    got = []
+
+    def capture():
+        with device_work.try_held() as free:
+            got.append(free)
+
+    with device_work.LOCK, device_work.host_only():
+        other = threading.Thread(target=capture)
+        other.start(), other.join(10)
+        assert device_work.LOCK._is_owned()
+    assert got == [False]
