@@ -289,14 +289,14 @@ def capture_entry(parent: torch.fx.GraphModule, args: Sequence[Any], pool, arena
                   stream: torch.cuda.Stream | None = None, warm_up: bool = True) -> dict[str, str]:
     """Capture every ``CapturedRegion`` of one entry's graph, in order.
 
-    Runs the entry once on the side ``stream`` (a new one if None), capturing each
+    Runs the entry once on the side ``stream`` (if None, one of its own from
+    ``streams.take``, given back when ``parent`` is collected), capturing each
     region on its live arguments and launching its graph once: a graph's first launch
     uploads it to the device (for a graph of thousands of kernels, milliseconds; a
     sweep that opened 16 sessions at once paid it in the next two timed ticks), and
-    its outputs are what the next regions take.  This mutates the arena
-    and draws from the generators: the caller forks the generators and resets the
-    arena.  Returns ``{region: reason}`` for regions
-    whose capture failed (they stay eager).
+    its outputs are what the next regions take.  This mutates the arena and draws from
+    the generators: the caller forks the generators and resets the arena.  Returns
+    ``{region: reason}`` for regions whose capture failed (they stay eager).
 
     ``warm_up``: run each region eagerly before capturing it, so that what the
     libraries initialize on first use (cuBLAS handles and workspaces, which are per
@@ -315,8 +315,9 @@ def capture_entry(parent: torch.fx.GraphModule, args: Sequence[Any], pool, arena
     which may, keep their own).
     """
     failed: dict[str, str] = {}
-    # a caller without a stream gets one of its own, never another graph's (runtime/streams.py)
-    stream = stream if stream is not None else streams.take(torch.device("cuda"))
+    if stream is None:  # one of its own, never another graph's (runtime/streams.py), given back with these graphs
+        stream = streams.take(torch.device("cuda"))
+        streams.held(parent, stream.device, stream)
     torch.cuda.synchronize()  # what torch.cuda.graph does before each capture, once an entry (pools.recording)
     torch.cuda.empty_cache()
     stream.wait_stream(torch.cuda.current_stream())

@@ -53,6 +53,8 @@ def fake_capture(monkeypatch, share: bool = True) -> None:
             cuda_graph.capture_end()
 
     class Stream:
+        device = torch.device("cuda", 0)  # as an ExternalStream's (streams.held reads it); never a real one
+
         def __init__(self, *a, **k):
             pass
 

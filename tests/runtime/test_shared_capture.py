@@ -218,3 +218,24 @@ def test_an_entry_records_its_regions_without_a_device_synchronize_between_them(
     want = fresh_regions(parent)(x, caches)
     for w, g in zip(flat(want), flat(session(x, caches))):
         assert torch.equal(w, g)
+
+
+@torch.no_grad()
+def test_an_entry_captured_without_a_stream_gives_the_one_it_took_back_when_collected(monkeypatch):
+    """``capture_entry(..., stream=None)`` takes a capture stream of its own
+    (``runtime/streams.py``): no one else's while its graphs live, given back once they
+    are collected (before, it was never given back)."""
+    import gc
+    from cadence_fx.runtime import streams
+    from cadence_fx.runtime.graphs import capture_entry, fresh_regions
+    fake_capture(monkeypatch)
+    monkeypatch.setattr(streams, "_free", {})  # this test's alone (a faked stream never reaches a real session)
+    taken, fake_take = [], streams.take
+    monkeypatch.setattr(streams, "take", lambda device: taken.append(fake_take(device)) or taken[-1])
+    caches = torch.zeros(3, 5, 4)
+    session = fresh_regions(lowered())
+    assert capture_entry(session, [torch.randn(2, 4), caches], "pool", caches.untyped_storage().data_ptr()) == {}
+    assert len(taken) == 1 and streams.stats()["free"] == {}  # held while its graphs may replay
+    del session
+    gc.collect()
+    assert streams._free == {0: taken}
