@@ -45,6 +45,10 @@ def main(argv: list[str] | None = None) -> int:
         from ..errors import CadenceError
         if isinstance(e, CadenceError):
             print(f"cadence-fx: {type(e).__name__}: {e}", file=sys.stderr)
+            if getattr(args, "json", False):  # --json's promise holds on an error too: its last stdout line
+                import json
+                print(json.dumps({"command": args.cmd, "error": str(e), "error_type": type(e).__name__,
+                                  "exit_code": 2}), flush=True)
             return 2
         raise
 

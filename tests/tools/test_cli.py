@@ -199,8 +199,13 @@ def test_verify_arguments_are_checked_before_anything_is_built(small, capsys):
         cli.main(["verify", *small_args("--chunks", "0")])
     assert e.value.code == 2 and "--chunks must be >= 1" in capsys.readouterr().err
     # a library error is one line naming its type, exit 2
-    code, _, _, err = run(capsys, "verify", *small_args("--rules", "SRc", "--quiet"))
+    code, doc, _, err = run(capsys, "verify", *small_args("--rules", "SRc", "--quiet"))
+    assert code == 2 and err.startswith("cadence-fx: RulesError: ") and doc is None
+    # with --json its last stdout line is still one JSON object: the error, not a verdict
+    code, doc, _, err = run(capsys, "verify", *small_args("--rules", "SRc", "--quiet", "--json"))
     assert code == 2 and err.startswith("cadence-fx: RulesError: ")
+    assert doc == {"command": "verify", "error": err.strip()[len("cadence-fx: RulesError: "):],
+                   "error_type": "RulesError", "exit_code": 2}
 
 
 def test_verify_streams_each_prompt_length_on_one_model(small, capsys):
