@@ -15,8 +15,8 @@ buffer bound to a region are tagged ``Role.BUFFER``.  The graph returns ``(*outp
 Speed: make_fx records a fake tensor as every node's ``meta["val"]``, and without a
 fake mode in scope it builds a new ``FakeTensorMode`` per value (tens of thousands for
 a released model, about a fifth of the trace).  ``one_fake_mode`` hands it one mode
-through a ``TracingContext``; the recorded values (shape, dtype, stride, device) and
-the graph are the same.
+through a ``TracingContext`` (on a torch whose make_fx asks for it: not 2.5); the
+recorded values (shape, dtype, stride, device) and the graph are the same.
 """
 
 from __future__ import annotations
@@ -48,17 +48,43 @@ def one_fake_mode() -> Iterator[None]:
 
     make_fx asks ``torch._guards.detect_fake_mode``, which prefers the fake mode of
     the active ``TracingContext``.  A context the caller already has is left alone,
-    and a torch without this API traces as before (a mode per value).
+    and a torch without this API, or whose make_fx does not ask
+    (``make_fx_asks_the_context``), traces as before (a mode per value).
     """
     guards = getattr(torch, "_guards", None)
     context = getattr(guards, "TracingContext", None)
     if (context is None or not hasattr(guards, "tracing") or not hasattr(context, "try_get")
-            or context.try_get() is not None):
+            or context.try_get() is not None or not make_fx_asks_the_context()):
         yield
         return
     from torch._subclasses.fake_tensor import FakeTensorMode
     with guards.tracing(context(FakeTensorMode(allow_fallback_kernels=True))):
         yield
+
+
+_ASKS: list[bool] = []  # make_fx_asks_the_context's answer, once known
+
+
+def make_fx_asks_the_context() -> bool:
+    """Whether make_fx records its values in the active ``TracingContext``'s fake mode.
+
+    torch 2.5's does not: its ``extract_val`` builds a ``FakeTensorMode`` per value
+    without ``torch._guards.detect_fake_mode`` (added by pytorch/pytorch#144168), so a
+    context would change nothing there.  Asked once, of a one-op trace; a probe that
+    fails answers no (and is asked again next time).
+    """
+    if _ASKS:
+        return _ASKS[0]
+    guards = torch._guards
+    try:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        mode = FakeTensorMode(allow_fallback_kernels=True)
+        with torch.no_grad(), guards.tracing(guards.TracingContext(mode)):
+            gm = make_fx(lambda x: x + 1)(torch.zeros(1))
+    except Exception:  # pragma: no cover - a torch whose tracing context or make_fx differs
+        return False
+    _ASKS.append(any(getattr(n.meta.get("val"), "fake_mode", None) is mode for n in gm.graph.nodes))
+    return _ASKS[0]
 
 
 def trace_step(fn: Callable, signature: StepSignature, inputs: Mapping[str, torch.Tensor],

@@ -68,6 +68,24 @@ class _Id:
         return isinstance(other, _Id) and other.obj is self.obj
 
 
+class _Spec:
+    """A pytree ``TreeSpec`` in a key: equal as the specs are, hashed by its node counts.
+
+    torch 2.5's ``TreeSpec`` is a dataclass with a list of children and no hash of its
+    own, so a key holding it could not be hashed and every call was traced."""
+
+    __slots__ = ("spec",)
+
+    def __init__(self, spec):
+        self.spec = spec
+
+    def __hash__(self):
+        return hash((self.spec.num_nodes, self.spec.num_leaves))
+
+    def __eq__(self, other):
+        return isinstance(other, _Spec) and other.spec == self.spec
+
+
 class _Unkeyable(Exception):
     pass
 
@@ -228,7 +246,7 @@ class CallMemo:
                 inputs.append(_value_key(leaf))
         first = {}
         same = tuple(first.setdefault(id(t), i) for i, t in enumerate(tensors))
-        key = (_Id(fn), rows, spec, tuple(inputs), tuple(_tensor_key(t) for t in tensors), same,
+        key = (_Id(fn), rows, _Spec(spec), tuple(inputs), tuple(_tensor_key(t) for t in tensors), same,
                _dispatcher_state())
         return key, tensors, (rows, own)
 
