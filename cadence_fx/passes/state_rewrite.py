@@ -35,6 +35,7 @@ buffer already overwrote.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Mapping, Sequence
 
 import torch
@@ -189,12 +190,12 @@ class StateRewrite(CadencePass):
 
     @staticmethod
     def _is_arena_view(value: fx.Node, arena: fx.Node, b: RegionBinding) -> bool:
-        while value.op == "call_function" and returns_written(value):  # copy_(view, x) is that view
-            value = value.args[0]
+        value = _same_view(value)
         if value is arena or (value.op == "call_function" and value.target is aten.alias.default
-                              and value.args[0] is arena):  # the state view, updated in place
+                              and _same_view(value.args[0]) is arena):  # the state view, updated in place
             return b.axis is None or b.extent_out == b.shape[b.axis]
-        if value.op == "call_function" and value.target is aten.slice.Tensor and value.args[0] is arena:
+        if (value.op == "call_function" and value.target is aten.slice.Tensor
+                and _same_view(value.args[0]) is arena):
             args = list(value.args) + [None] * 5
             dim, start, end, step = args[1], args[2] or 0, args[3], args[4] or 1
             return dim == b.axis and start == 0 and step == 1 and end == b.extent_out
@@ -215,6 +216,23 @@ class StateRewrite(CadencePass):
             if problems:
                 raise PassError("state_rewrite: aliasing the carried state with its buffer is unsound: "
                                 + "; ".join(problems[:3]))
+
+
+def _same_view(node: fx.Node) -> fx.Node:
+    """The node whose view ``node`` is unchanged: through ``copy_(view, x)`` (that view) and
+    slices that keep all of their input (torch 2.5 traces ``buf[:, :n]`` as ``slice(buf, 0,
+    0, 2**63 - 1)`` first; later torch records nothing for the ``:``)."""
+    while node.op == "call_function":
+        if returns_written(node):
+            node = node.args[0]
+            continue
+        if node.target is not aten.slice.Tensor or node.kwargs or not isinstance(node.args[0], fx.Node):
+            return node
+        start, end, step = (list(node.args[2:]) + [None] * 3)[:3]
+        if start not in (None, 0) or step not in (None, 1) or not (end is None or end == sys.maxsize):
+            return node
+        node = node.args[0]
+    return node
 
 
 def check_graph_hazards(gm: fx.GraphModule, bindings: Mapping[str, RegionBinding]) -> list[str]:

@@ -4,7 +4,9 @@
 keeps composite ops whole (``aten.linear`` stays one op: the default decomposition
 into ``t`` + ``addmm`` is exact on CPU but selects other CUDA kernels).  Upstream's
 ``inference_mode`` decorators, in-place writes into module buffers and host-built
-tensors are all recorded as they run; later passes fold or rewrite them.
+tensors are all recorded as they run; later passes fold or rewrite them.  A
+``torch.autocast`` block is recorded as ``_enter_autocast`` / ``_exit_autocast`` calls
+(``autocast_recorded``: torch 2.5's make_fx needs help for that).
 
 The traced function is ``step(inputs: dict, state: dict) -> (outputs: dict,
 new_state: dict)``.  Placeholders are renamed ``in_<name>`` / ``state_<name>`` and
@@ -22,6 +24,8 @@ recorded values (shape, dtype, stride, device) and the graph are the same.
 from __future__ import annotations
 
 import contextlib
+import functools
+import threading
 from typing import Callable, Iterator, Mapping
 
 import torch
@@ -40,6 +44,83 @@ def same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
         return True
     return (a.device == b.device and a.dtype == b.dtype and a.shape == b.shape
             and a.stride() == b.stride() and a.data_ptr() == b.data_ptr())
+
+
+_AUTOCAST = threading.local()  # .on: autocast_recorded is in force on this thread
+
+
+@functools.cache
+def _records_autocast() -> bool:
+    """Whether this torch's pre-dispatch make_fx records ``torch.autocast`` blocks itself."""
+    def probe(x):
+        with torch.autocast("cpu", enabled=False):
+            return x + 1
+    with torch.no_grad():
+        gm = make_fx(probe, pre_dispatch=True)(torch.zeros(1))
+    return any(n.target is torch.amp.autocast_mode._enter_autocast for n in gm.graph.nodes)
+
+
+@contextlib.contextmanager
+def autocast_recorded() -> Iterator[None]:
+    """Pre-dispatch make_fx records each ``torch.autocast`` block in this block as an
+    ``_enter_autocast`` / ``_exit_autocast`` pair, as newer torch (2.13) does by itself.
+
+    torch 2.5 runs the block under autocast but records neither call: the graph would
+    replay its ops without the autocast (other dtypes than its recorded values).  There
+    ``autocast``'s enter and exit also record the pair, with the arguments newer torch
+    records, on this thread while in this block (elsewhere they are the originals).
+    """
+    if _records_autocast():
+        yield
+        return
+    _install_autocast_recording()
+    was = getattr(_AUTOCAST, "on", False)
+    _AUTOCAST.on = True
+    try:
+        yield
+    finally:
+        _AUTOCAST.on = was
+
+
+_INSTALL = threading.Lock()
+
+
+def _install_autocast_recording() -> None:
+    cls = torch.amp.autocast
+    with _INSTALL:
+        if getattr(cls, "_cadence_records", False):
+            return
+        enter, exit_ = cls.__enter__, cls.__exit__
+
+        def recording_mode():
+            if not (getattr(_AUTOCAST, "on", False) and torch._C._is_torch_function_mode_enabled()):
+                return None
+            from torch.fx.experimental.proxy_tensor import PreDispatchTorchFunctionMode
+            modes = torch.overrides._get_current_function_mode_stack()
+            return next((m for m in modes if isinstance(m, PreDispatchTorchFunctionMode)), None)
+
+        def record(mode, fn, args) -> fx.Node:
+            node = mode.__torch_function__(fn, (), args)
+            node.meta["val"] = None  # as newer torch records it
+            return node
+
+        def __enter__(self):
+            out = enter(self)
+            mode = recording_mode()
+            if mode is not None:
+                args = (self.device, self.fast_dtype, self._enabled, self._cache_enabled)
+                mode.__dict__.setdefault("_cadence_autocasts", []).append(
+                    record(mode, torch.amp.autocast_mode._enter_autocast, args))
+            return out
+
+        def __exit__(self, *exc):
+            out = exit_(self, *exc)
+            mode = recording_mode()
+            if mode is not None and mode.__dict__.get("_cadence_autocasts"):
+                record(mode, torch.amp.autocast_mode._exit_autocast, (mode._cadence_autocasts.pop(),))
+            return out
+
+        cls.__enter__, cls.__exit__, cls._cadence_records = __enter__, __exit__, True
 
 
 @contextlib.contextmanager
@@ -110,7 +191,7 @@ def trace_step(fn: Callable, signature: StepSignature, inputs: Mapping[str, torc
     args = [inputs[n] for n in signature.inputs] + [state[n] for n in signature.regions]
     try:
         with torch.no_grad(), TRACE_TURN:  # one trace at a time in a process (trace_memo.TRACE_TURN)
-            with one_fake_mode():
+            with autocast_recorded(), one_fake_mode():
                 gm = make_fx(flat, pre_dispatch=True)(*args)
     except TraceError:
         raise

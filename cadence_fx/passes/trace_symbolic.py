@@ -38,6 +38,7 @@ from ..errors import NeedsForeground, TraceError
 from ..foreground import fenced
 from .. import step as meta
 from ..step import Role, StepSignature
+from .trace import autocast_recorded
 from .trace_memo import DEFAULT_METHODS, TRACE_TURN, CallMemo
 
 #: a size: an int, or ``(dim, a, b)`` for ``a * dim + b``
@@ -175,7 +176,8 @@ def _trace_symbolic(bind, signature, dims, inputs, state, buffers, device, watch
         # runs nothing for real (fake tensors): on a build's thread the fence alone guards the
         # generators, so a stream whose dims fall in a branch class no symbolic step serves yet
         # is traced on the worker too, instead of failing its build
-        with torch.no_grad(), fenced([], "a symbolic trace", runs_for_real=False), memo.installed():
+        with (autocast_recorded(), torch.no_grad(), fenced([], "a symbolic trace", runs_for_real=False),
+              memo.installed()):
             gm = make_fx(flat, pre_dispatch=True, tracing_mode="symbolic", _allow_non_fake_inputs=True)(*args)
     except (TraceError, NeedsForeground):  # NeedsForeground: the build's fence refused a real draw
         raise

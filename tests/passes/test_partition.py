@@ -28,7 +28,7 @@ from cadence_fx.errors import CadenceError, PassError, RulesError
 from cadence_fx.passes.fold_host_constants import FoldHostConstants
 from cadence_fx.passes.lower_cudagraph import LowerCudaGraph, LowerRecord, launches_kernels
 from cadence_fx.passes.partition import NodeVerdict, Partition, PartitionRecord, capturability
-from cadence_fx.passes.trace import trace_step
+from cadence_fx.passes.trace import autocast_recorded, trace_step
 from cadence_fx.step import scope
 from cadence_fx.runtime.arena import Arena
 from cadence_fx.runtime.graphs import ArgSpec, CapturedRegion, fresh_regions, region_stats, run_graph
@@ -40,7 +40,7 @@ aten = torch.ops.aten
 
 
 def trace(fn, *args) -> fx.GraphModule:
-    with torch.no_grad():
+    with torch.no_grad(), autocast_recorded():  # as trace_step traces (torch 2.5 would drop an autocast)
         return make_fx(fn, pre_dispatch=True)(*args)
 
 
@@ -133,6 +133,8 @@ class TestCapturability(TestCase):
             for name in ("_enter_autocast", "_exit_autocast", "_set_grad_enabled", "_set_grad_enabled_1"):
                 self.assertEqual(got[name], (True, "dispatcher state (no kernel)"), f"{name} on {device_type}")
         self.assertEqual(verdicts(gm, "cuda")["matmul"], (False, "runs on cpu: aten.matmul.default"))
+        # the graph replays the autocast (torch 2.5's make_fx alone records none: fp32 here)
+        self.assertEqual(run(gm, torch.randn(2, 2), torch.randn(2, 2))[0].dtype, torch.bfloat16)
 
     def test_getitem_graph_nodes_and_other_targets(self):
         gm = trace(lambda x: torch.split(x, 2)[1] * 2, torch.randn(4))

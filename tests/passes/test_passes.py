@@ -34,6 +34,12 @@ def trace(fn, *args) -> fx.GraphModule:
         return make_fx(fn, pre_dispatch=True)(*args)
 
 
+# torch 2.5 traces the ``:`` of ``buf[:, :n]`` as a slice that keeps all of ``buf``
+# (``slice(buf, 0, 0, 9223372036854775807)``); torch 2.13 records nothing for it
+WHOLE_SLICES = len([n for n in trace(lambda t: t[:, :1], torch.zeros(2, 2)).graph.nodes
+                    if n.target is aten.slice.Tensor]) == 2
+
+
 def run(gm: fx.GraphModule, *args):
     with torch.no_grad():
         return gm(*args)
@@ -293,7 +299,23 @@ class TestStateRewrite(TestCase):
     def test_in_place_and_written_back(self):
         # Window(retain=2, prefix=1), stride 2: step 0 grows kv 1 -> 3 frames, no trim.
         gm, buf, inputs, state = traced_step(prefix=1, retain=2, ext_in=1)
-        self.assertExpectedInline(gm.code.strip(), """\
+        if WHOLE_SLICES:  # torch 2.5: the same graph with its whole slices
+            self.assertExpectedInline(gm.code.strip(), """\
+def forward(self, in_x, state_kv, state_c):
+    cat = torch.ops.aten.cat.default([in_x, state_kv], 1);  in_x = state_kv = None
+    _tensor_constant0 = self._tensor_constant0
+    slice_1 = torch.ops.aten.slice.Tensor(_tensor_constant0, 0, 0, 9223372036854775807);  _tensor_constant0 = None
+    slice_2 = torch.ops.aten.slice.Tensor(slice_1, 1, 0, 3);  slice_1 = None
+    copy_ = torch.ops.aten.copy_.default(slice_2, cat);  slice_2 = cat = copy_ = None
+    _tensor_constant0_1 = self._tensor_constant0
+    slice_3 = torch.ops.aten.slice.Tensor(_tensor_constant0_1, 0, 0, 9223372036854775807);  _tensor_constant0_1 = None
+    slice_4 = torch.ops.aten.slice.Tensor(slice_3, 1, 0, 3);  slice_3 = None
+    sum_1 = torch.ops.aten.sum.dim_IntList(slice_4, [1])
+    add = torch.ops.aten.add.Tensor(sum_1, state_c);  sum_1 = state_c = None
+    mul = torch.ops.aten.mul.Tensor(add, 0.5)
+    return (add, slice_4, mul)""")
+        else:
+            self.assertExpectedInline(gm.code.strip(), """\
 def forward(self, in_x, state_kv, state_c):
     cat = torch.ops.aten.cat.default([in_x, state_kv], 1);  in_x = state_kv = None
     _tensor_constant0 = self._tensor_constant0
@@ -311,7 +333,25 @@ def forward(self, in_x, state_kv, state_c):
         rewrite = StateRewrite(bindings(capacity=5, ext_in=1, ext_out=3))
         result = rewrite(gm)
 
-        self.assertExpectedInline(result.graph_module.code.strip(), """\
+        if WHOLE_SLICES:  # torch 2.5: the same graph with its whole slices
+            self.assertExpectedInline(result.graph_module.code.strip(), """\
+def forward(self, in_x, arena_kv, arena_c):
+    slice_tensor = torch.ops.aten.slice.Tensor(arena_kv, 1, 0, 1)
+    alias_default = torch.ops.aten.alias.default(arena_c)
+    cat = torch.ops.aten.cat.default([in_x, slice_tensor], 1);  in_x = slice_tensor = None
+    slice_1 = torch.ops.aten.slice.Tensor(arena_kv, 0, 0, 9223372036854775807)
+    slice_2 = torch.ops.aten.slice.Tensor(slice_1, 1, 0, 3);  slice_1 = None
+    copy_ = torch.ops.aten.copy_.default(slice_2, cat);  slice_2 = cat = copy_ = None
+    slice_3 = torch.ops.aten.slice.Tensor(arena_kv, 0, 0, 9223372036854775807);  arena_kv = None
+    slice_4 = torch.ops.aten.slice.Tensor(slice_3, 1, 0, 3);  slice_3 = None
+    sum_1 = torch.ops.aten.sum.dim_IntList(slice_4, [1]);  slice_4 = None
+    add = torch.ops.aten.add.Tensor(sum_1, alias_default);  sum_1 = alias_default = None
+    mul = torch.ops.aten.mul.Tensor(add, 0.5)
+    alias_default_1 = torch.ops.aten.alias.default(arena_c);  arena_c = None
+    copy__default = torch.ops.aten.copy_.default(alias_default_1, mul);  alias_default_1 = mul = copy__default = None
+    return (add,)""")
+        else:
+            self.assertExpectedInline(result.graph_module.code.strip(), """\
 def forward(self, in_x, arena_kv, arena_c):
     slice_tensor = torch.ops.aten.slice.Tensor(arena_kv, 1, 0, 1)
     alias_default = torch.ops.aten.alias.default(arena_c)
@@ -331,8 +371,9 @@ def forward(self, in_x, arena_kv, arena_c):
         self.assertEqual(str(result.record), "arena inputs ['kv', 'c']; in place ['kv']; written back ['c']; "
                                              "buffer reads/writes rebound: 2")
         after = counts(gm)
-        self.assertEqual(before, {"cat": 1, "slice": 2, "copy_": 1, "sum": 1, "add": 1, "mul": 1})
-        self.assertEqual(after, {"slice": 3, "alias": 2, "cat": 1, "copy_": 2, "sum": 1, "add": 1, "mul": 1})
+        whole = 2 if WHOLE_SLICES else 0  # torch 2.5: the two whole slices of buf, kept
+        self.assertEqual(before, {"cat": 1, "slice": 2 + whole, "copy_": 1, "sum": 1, "add": 1, "mul": 1})
+        self.assertEqual(after, {"slice": 3 + whole, "alias": 2, "cat": 1, "copy_": 2, "sum": 1, "add": 1, "mul": 1})
 
         roles = {n.name: n.meta.get("cadence", {}).get("role") for n in gm.graph.nodes}
         self.assertEqual([n.name for n in gm.graph.nodes if n.op == "placeholder"], ["in_x", "arena_kv", "arena_c"])
@@ -356,7 +397,32 @@ def forward(self, in_x, arena_kv, arena_c):
         gm, buf, inputs, state = traced_step(prefix=1, retain=1, ext_in=1)
         original = copy.deepcopy(gm)
         result = StateRewrite(bindings(capacity=4, ext_in=1, ext_out=2))(gm)
-        self.assertExpectedInline(result.graph_module.code.strip(), """\
+        if WHOLE_SLICES:  # torch 2.5: the same graph with its whole slices
+            self.assertExpectedInline(result.graph_module.code.strip(), """\
+def forward(self, in_x, arena_kv, arena_c):
+    slice_tensor = torch.ops.aten.slice.Tensor(arena_kv, 1, 0, 1)
+    alias_default = torch.ops.aten.alias.default(arena_c)
+    cat = torch.ops.aten.cat.default([in_x, slice_tensor], 1);  in_x = slice_tensor = None
+    slice_1 = torch.ops.aten.slice.Tensor(arena_kv, 0, 0, 9223372036854775807)
+    slice_2 = torch.ops.aten.slice.Tensor(slice_1, 1, 0, 3);  slice_1 = None
+    copy_ = torch.ops.aten.copy_.default(slice_2, cat);  slice_2 = cat = copy_ = None
+    slice_3 = torch.ops.aten.slice.Tensor(arena_kv, 0, 0, 9223372036854775807)
+    slice_4 = torch.ops.aten.slice.Tensor(slice_3, 1, 0, 3);  slice_3 = None
+    sum_1 = torch.ops.aten.sum.dim_IntList(slice_4, [1])
+    add = torch.ops.aten.add.Tensor(sum_1, alias_default);  sum_1 = alias_default = None
+    slice_5 = torch.ops.aten.slice.Tensor(slice_4, 0, 0, 9223372036854775807)
+    slice_6 = torch.ops.aten.slice.Tensor(slice_5, 1, 0, 1);  slice_5 = None
+    slice_7 = torch.ops.aten.slice.Tensor(slice_4, 0, 0, 9223372036854775807);  slice_4 = None
+    slice_8 = torch.ops.aten.slice.Tensor(slice_7, 1, -1, 9223372036854775807);  slice_7 = None
+    cat_1 = torch.ops.aten.cat.default([slice_6, slice_8], 1);  slice_6 = slice_8 = None
+    mul = torch.ops.aten.mul.Tensor(add, 0.5)
+    slice_tensor_1 = torch.ops.aten.slice.Tensor(arena_kv, 1, 0, 2);  arena_kv = None
+    copy__default = torch.ops.aten.copy_.default(slice_tensor_1, cat_1);  slice_tensor_1 = cat_1 = copy__default = None
+    alias_default_1 = torch.ops.aten.alias.default(arena_c);  arena_c = None
+    copy__default_1 = torch.ops.aten.copy_.default(alias_default_1, mul);  alias_default_1 = mul = copy__default_1 = None
+    return (add,)""")
+        else:
+            self.assertExpectedInline(result.graph_module.code.strip(), """\
 def forward(self, in_x, arena_kv, arena_c):
     slice_tensor = torch.ops.aten.slice.Tensor(arena_kv, 1, 0, 1)
     alias_default = torch.ops.aten.alias.default(arena_c)
@@ -467,7 +533,32 @@ class TestEarlyWriteback(TestCase):
         binds = bindings(capacity=4, ext_in=1, ext_out=2)
         StateRewrite(binds)(gm)
         result = EarlyWriteback(binds)(gm)
-        self.assertExpectedInline(result.graph_module.code.strip(), """\
+        if WHOLE_SLICES:  # torch 2.5: the same graph with its whole slices
+            self.assertExpectedInline(result.graph_module.code.strip(), """\
+def forward(self, in_x, arena_kv, arena_c):
+    slice_tensor = torch.ops.aten.slice.Tensor(arena_kv, 1, 0, 1)
+    alias_default = torch.ops.aten.alias.default(arena_c)
+    cat = torch.ops.aten.cat.default([in_x, slice_tensor], 1);  in_x = slice_tensor = None
+    slice_1 = torch.ops.aten.slice.Tensor(arena_kv, 0, 0, 9223372036854775807)
+    slice_2 = torch.ops.aten.slice.Tensor(slice_1, 1, 0, 3);  slice_1 = None
+    copy_ = torch.ops.aten.copy_.default(slice_2, cat);  slice_2 = cat = copy_ = None
+    slice_3 = torch.ops.aten.slice.Tensor(arena_kv, 0, 0, 9223372036854775807)
+    slice_4 = torch.ops.aten.slice.Tensor(slice_3, 1, 0, 3);  slice_3 = None
+    sum_1 = torch.ops.aten.sum.dim_IntList(slice_4, [1])
+    add = torch.ops.aten.add.Tensor(sum_1, alias_default);  sum_1 = alias_default = None
+    slice_5 = torch.ops.aten.slice.Tensor(slice_4, 0, 0, 9223372036854775807)
+    slice_6 = torch.ops.aten.slice.Tensor(slice_5, 1, 0, 1);  slice_5 = None
+    slice_7 = torch.ops.aten.slice.Tensor(slice_4, 0, 0, 9223372036854775807);  slice_4 = None
+    slice_8 = torch.ops.aten.slice.Tensor(slice_7, 1, -1, 9223372036854775807);  slice_7 = None
+    cat_1 = torch.ops.aten.cat.default([slice_6, slice_8], 1);  slice_6 = slice_8 = None
+    slice_tensor_1 = torch.ops.aten.slice.Tensor(arena_kv, 1, 0, 2);  arena_kv = None
+    copy__default = torch.ops.aten.copy_.default(slice_tensor_1, cat_1);  slice_tensor_1 = cat_1 = copy__default = None
+    mul = torch.ops.aten.mul.Tensor(add, 0.5)
+    alias_default_1 = torch.ops.aten.alias.default(arena_c);  arena_c = None
+    copy__default_1 = torch.ops.aten.copy_.default(alias_default_1, mul);  alias_default_1 = mul = copy__default_1 = None
+    return (add,)""")
+        else:
+            self.assertExpectedInline(result.graph_module.code.strip(), """\
 def forward(self, in_x, arena_kv, arena_c):
     slice_tensor = torch.ops.aten.slice.Tensor(arena_kv, 1, 0, 1)
     alias_default = torch.ops.aten.alias.default(arena_c)

@@ -18,6 +18,7 @@ from cadence_fx import step as meta
 from cadence_fx.passes.lower_cudagraph import LowerCudaGraph
 from cadence_fx.passes.partition import Partition
 from cadence_fx.passes.step_share import share_calls
+from cadence_fx.passes.trace import autocast_recorded
 from cadence_fx.runtime.pools import copyable as _copyable
 from cadence_fx.runtime.graphs import CapturedRegion, shared_regions
 
@@ -60,7 +61,7 @@ class Flow(torch.nn.Module):
 
 def lowered(keep: bool = False, apart: bool = True, autocast: bool = False) -> torch.fx.GraphModule:
     torch.manual_seed(0)
-    with torch.no_grad():
+    with torch.no_grad(), autocast_recorded():  # as trace_step traces (torch 2.5 would drop the autocast)
         gm = make_fx(Flow(keep, autocast), pre_dispatch=True)(torch.randn(2, 4), torch.zeros(3, 5, 4))
     gm, record = share_calls(gm, lambda n: "estimator" in meta.scopes(n))
     assert record.shared
