@@ -41,11 +41,9 @@ def structure(gm: fx.GraphModule) -> list:
 
 def assert_later_steps_share_one(sym, n_timesteps: int) -> None:
     """A symbolic step of a flow decoder at ``n_timesteps``: on a copy of its graph,
-    ``passes.step_share`` makes steps 1..n-1 calls of one submodule, and inlining them
-    gives back the traced graph op for op, up to the input-independent ops it moves ahead
-    of their call (``hoist_constants``).  The first step joins them where it is traced op
-    for op as they are (torch 2.5.1 traces Token2Wav's first call so; 2.11 and 2.13 trace
-    more into it: it stays apart there)."""
+    ``passes.step_share`` makes steps 1..n-1 calls of one submodule (the first step
+    differs), and inlining them gives back the traced graph op for op, up to the
+    input-independent ops it moves ahead of their call (``hoist_constants``)."""
     import collections
     from cadence_fx.passes.specialize import module_without_code
     from cadence_fx.passes.step_share import SHARED, find_calls, hoist_constants, inline_calls, share_calls
@@ -62,16 +60,15 @@ def assert_later_steps_share_one(sym, n_timesteps: int) -> None:
     assert ops(hoisted) == ops(sym.gm)  # the same ops, input-independent ones moved ahead of their call
     traced = structure(hoisted)
     gm, record = share_calls(copied(), inside)
-    assert record.calls == n_timesteps and record.shared in (tuple(range(1, n_timesteps)),
-                                                             tuple(range(n_timesteps))), str(record)
-    shared = len(record.shared)
+    assert record.calls == n_timesteps and record.shared == tuple(range(1, n_timesteps)), str(record)
     calls = [n for n in gm.graph.nodes if n.op == "call_module"]
-    assert [n.target for n in calls] == [SHARED] * shared
+    assert [n.target for n in calls] == [SHARED] * (n_timesteps - 1)
     sub = gm.get_submodule(SHARED).graph
     attrs = sum(n.op == "get_attr" for n in sub.nodes)
-    # one copy of the step's ops instead of one per shared call; added: per call its node and outputs, the
+    # one copy of the step's ops instead of n-1; added: per call its node and outputs, the
     # step's inputs, constant reads and output
     before, after = len(sym.gm.graph.nodes), len(gm.graph.nodes) + len(sub.nodes)
-    bound = before - (shared - 1) * record.nodes_each + shared * (1 + record.outputs) + record.inputs + attrs + 1
+    bound = before - (n_timesteps - 2) * record.nodes_each + (n_timesteps - 1) * (1 + record.outputs) \
+        + record.inputs + attrs + 1
     assert after <= bound, (before, after, bound, str(record))
     assert structure(inline_calls(gm)) == traced

@@ -23,6 +23,7 @@ from cadence_fx.runtime.pending import WAITING
 from cadence_fx.lockstep import compare_streams
 
 from helpers.graph_structure import structure
+from helpers.trace_forms import WHOLE_SLICES_TRACED, without_whole_slices
 
 CPU = torch.device("cpu")
 
@@ -109,6 +110,8 @@ def test_specialized_graph_is_the_concrete_trace_op_for_op(t2w_mini):
     step = adapter.bind({p: by_region[r.name] for r in adapter.declaration.regions for p in r.buffers})
     with torch.random.fork_rng():
         concrete = trace_step(step, adapter.signature, adapter.example_inputs(), state, by_region)
+    if WHOLE_SLICES_TRACED:  # torch 2.5.1 traces whole slices (no-ops) where 2.13 records none
+        special, concrete = without_whole_slices(special), without_whole_slices(concrete)
     a, b = structure(special), structure(concrete)
     assert len(a) == len(b)
     diffs = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]

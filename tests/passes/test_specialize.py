@@ -20,6 +20,7 @@ from cadence_fx.passes.trace import trace_step
 from cadence_fx.passes.trace_symbolic import ModuleStateChanged, trace_symbolic
 from cadence_fx.step import Role, StepSignature
 from helpers.graph_structure import structure
+from helpers.trace_forms import WHOLE_SLICES_TRACED, without_whole_slices
 
 SIG = StepSignature(inputs=("x",), regions=("cache",), outputs=("y",))
 F32 = torch.float32
@@ -77,7 +78,21 @@ class TestSpecialize(TestCase):
         sym = symbolic(6)
         t, buffers = tensors(9)
         gm = specialize(sym, {"prompt": 9}, t, buffers)
-        self.assertExpectedInline(gm.code.strip(), """\
+        if WHOLE_SLICES_TRACED:  # torch 2.5: the same graph, its names counting the whole slices dropped
+            self.assertExpectedInline(gm.code.strip(), """\
+def forward(self, in_x, state_cache):
+    _cadence_buffer_buf = self._cadence_buffer_buf
+    cat = torch.ops.aten.cat.default([state_cache, in_x], 1);  state_cache = in_x = None
+    slice_2 = torch.ops.aten.slice.Tensor(cat, 1, 0, 9)
+    slice_4 = torch.ops.aten.slice.Tensor(cat, 1, -4, 9223372036854775807);  cat = None
+    cat_1 = torch.ops.aten.cat.default([slice_2, slice_4], 1);  slice_2 = slice_4 = None
+    slice_6 = torch.ops.aten.slice.Tensor(_cadence_buffer_buf, 1, 0, 13)
+    copy_ = torch.ops.aten.copy_.default(slice_6, cat_1);  slice_6 = copy_ = None
+    slice_8 = torch.ops.aten.slice.Tensor(_cadence_buffer_buf, 1, 0, 13);  _cadence_buffer_buf = None
+    mul = torch.ops.aten.mul.Tensor(slice_8, 2);  slice_8 = None
+    return (mul, cat_1)""")
+        else:
+            self.assertExpectedInline(gm.code.strip(), """\
 def forward(self, in_x, state_cache):
     _cadence_buffer_buf = self._cadence_buffer_buf
     cat = torch.ops.aten.cat.default([state_cache, in_x], 1);  state_cache = in_x = None
@@ -91,6 +106,8 @@ def forward(self, in_x, state_cache):
     return (mul, cat_1)""")
         concrete = trace_step(bind(buffers, prompt=9), SIG, {"x": t["in_x"]}, {"cache": t["state_cache"]},
                               {"buf": buffers["buf"]})
+        if WHOLE_SLICES_TRACED:  # torch 2.5.1's trace keeps the whole slices (no-ops) specialize drops
+            concrete = without_whole_slices(concrete)
         self.assertEqual(structure(gm), structure(concrete))
         [get] = [n for n in gm.graph.nodes if n.op == "get_attr"]
         self.assertEqual(meta.tag_of(get), {"role": Role.BUFFER, "region": "buf"})

@@ -1,0 +1,43 @@
+"""How this torch's make_fx records what another torch records otherwise, where the two
+graphs compute the same: tests comparing a graph with a trace accept the other form
+only where the running torch records it."""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+
+
+def _whole_slices_traced() -> bool:
+    from torch.fx.experimental.proxy_tensor import make_fx
+    gm = make_fx(lambda x: x[:, :2])(torch.zeros(2, 3))
+    return sum(n.target is torch.ops.aten.slice.Tensor for n in gm.graph.nodes) > 1
+
+
+#: make_fx records ``x[:, :n]`` at known sizes as a whole slice of dim 0 and dim 1's slice
+#: (torch 2.5.1), not dim 1's alone (2.13): ``specialize`` drops whole slices, a trace keeps them
+WHOLE_SLICES_TRACED = _whole_slices_traced()
+
+
+def without_whole_slices(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of ``gm`` without its slices that keep their whole input (``slice(x, d, 0,
+    >= size, 1)`` of the same sizes and strides: the same view of the same memory, a
+    no-op), their users reading the input."""
+    graph = fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not torch.ops.aten.slice.Tensor or node.kwargs:
+            continue
+        src, dim, start, end, step = (*node.args, *(None, 0, None, None, 1)[len(node.args):])
+        val = node.meta.get("val")
+        # torch 2.5.1 records no value on a constant's get_attr: the tensor itself
+        sval = src.meta.get("val", operator.attrgetter(src.target)(gm) if src.op == "get_attr" else None)
+        if not (isinstance(val, torch.Tensor) and isinstance(sval, torch.Tensor)):
+            continue
+        if (start in (None, 0) and (end is None or end >= sval.shape[dim]) and step == 1
+                and val.shape == sval.shape and val.stride() == sval.stride()):
+            node.replace_all_uses_with(src)
+            graph.erase_node(node)
+    return fx.GraphModule(gm, graph)
