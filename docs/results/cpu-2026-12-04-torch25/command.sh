@@ -9,3 +9,5 @@ pip download torch==2.5.1 --no-deps -d /tmp/t211 && pip install /tmp/t211/torch-
 git clone /work/main /tmp/ci25 && cd /tmp/ci25
 pip install --no-deps stepaudio2-minicpmo==0.1.1 moshi==0.2.13 vibevoice==0.0.1 && pip install -e ".[models,test,ray]"
 python -m pytest tests -q -n 2 --dist loadfile -p no:cacheprovider > pytest-before.log 2>&1
+# after the fixes (09a3a80, 6555f9f, 985136c): the same clone pulled to 985136c, the same venv
+cd /tmp/ci25 && git pull && python -m pytest tests -q -n 2 --dist loadfile -p no:cacheprovider > pytest-after.log 2>&1
