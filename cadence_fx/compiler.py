@@ -20,7 +20,6 @@ Each entry's graph becomes an ``EntryProgram`` of one ``Executable`` (``compile_
 
 from __future__ import annotations
 
-import operator
 import os
 import sys
 import time
@@ -459,7 +458,7 @@ def _stock_state_drift(gm: fx.GraphModule, plan: Plan, specs: dict[str, TensorSp
         val = node.meta.get("val") if isinstance(node, fx.Node) else None
         if val is None and isinstance(node, fx.Node) and node.op == "get_attr":
             # torch 2.5 records no value on a constant's get_attr (2.13 does): the tensor itself
-            val = operator.attrgetter(node.target)(gm)
+            val = meta.attr(gm, node.target)
         if not isinstance(val, torch.Tensor):
             continue
         axis = plan.layout.slot(r).axis

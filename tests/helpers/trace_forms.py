@@ -4,10 +4,10 @@ only where the running torch records it."""
 
 from __future__ import annotations
 
-import operator
-
 import torch
 import torch.fx as fx
+
+from cadence_fx.step import attr
 
 
 def _whole_slices_traced() -> bool:
@@ -33,7 +33,7 @@ def without_whole_slices(gm: fx.GraphModule) -> fx.GraphModule:
         src, dim, start, end, step = (*node.args, *(None, 0, None, None, 1)[len(node.args):])
         val = node.meta.get("val")
         # torch 2.5.1 records no value on a constant's get_attr: the tensor itself
-        sval = src.meta.get("val", operator.attrgetter(src.target)(gm) if src.op == "get_attr" else None)
+        sval = src.meta.get("val", attr(gm, src.target) if src.op == "get_attr" else None)
         if not (isinstance(val, torch.Tensor) and isinstance(sval, torch.Tensor)):
             continue
         if (start in (None, 0) and (end is None or end >= sval.shape[dim]) and step == 1
