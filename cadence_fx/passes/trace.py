@@ -24,7 +24,6 @@ recorded values (shape, dtype, stride, device) and the graph are the same.
 from __future__ import annotations
 
 import contextlib
-import functools
 import threading
 from typing import Callable, Iterator, Mapping
 
@@ -49,15 +48,54 @@ def same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
 _AUTOCAST = threading.local()  # .on: autocast_recorded is in force on this thread
 
 
-@functools.cache
-def _records_autocast() -> bool:
-    """Whether this torch's pre-dispatch make_fx records ``torch.autocast`` blocks itself."""
+class _Probe:
+    """One question about this torch's make_fx, asked of a one-op trace once per process.
+
+    An answer, once had, is kept.  A probe that raises keeps nothing (the next call
+    asks again) and answers ``on_failure``, or, where no answer is safe
+    (``on_failure=None``), raises ``TraceError`` naming the question: a trace that
+    cannot know how this torch records a block must not record it.
+    """
+
+    def __init__(self, question: str, ask: Callable[[], bool], on_failure: bool | None):
+        self.question, self._ask, self._on_failure = question, ask, on_failure
+        self._answer: list[bool] = []
+        self._lock = threading.Lock()
+
+    def __call__(self) -> bool:
+        if self._answer:
+            return self._answer[0]
+        with self._lock:
+            if not self._answer:
+                try:
+                    answer = bool(self._ask())
+                except Exception as e:
+                    if self._on_failure is None:
+                        raise TraceError(f"trace: cannot tell {self.question}: the one-op probe "
+                                         f"failed ({type(e).__name__}: {e})") from e
+                    return self._on_failure
+                self._answer.append(answer)
+        return self._answer[0]
+
+    def forget(self) -> None:
+        """Ask again next time (tests)."""
+        with self._lock:
+            self._answer.clear()
+
+
+def _ask_records_autocast() -> bool:
     def probe(x):
         with torch.autocast("cpu", enabled=False):
             return x + 1
     with torch.no_grad():
         gm = make_fx(probe, pre_dispatch=True)(torch.zeros(1))
     return any(n.target is torch.amp.autocast_mode._enter_autocast for n in gm.graph.nodes)
+
+
+# Whether this torch's pre-dispatch make_fx records ``torch.autocast`` blocks itself.
+# No safe guess: yes would drop a block torch 2.5 does not record, no would record one twice.
+_records_autocast = _Probe("whether make_fx records torch.autocast blocks", _ask_records_autocast,
+                           on_failure=None)
 
 
 @contextlib.contextmanager
@@ -143,29 +181,21 @@ def one_fake_mode() -> Iterator[None]:
         yield
 
 
-_ASKS: list[bool] = []  # make_fx_asks_the_context's answer, once known
-
-
-def make_fx_asks_the_context() -> bool:
-    """Whether make_fx records its values in the active ``TracingContext``'s fake mode.
-
-    torch 2.5's does not: its ``extract_val`` builds a ``FakeTensorMode`` per value
-    without ``torch._guards.detect_fake_mode`` (added by pytorch/pytorch#144168), so a
-    context would change nothing there.  Asked once, of a one-op trace; a probe that
-    fails answers no (and is asked again next time).
-    """
-    if _ASKS:
-        return _ASKS[0]
+def _ask_make_fx_asks_the_context() -> bool:
     guards = torch._guards
-    try:
-        from torch._subclasses.fake_tensor import FakeTensorMode
-        mode = FakeTensorMode(allow_fallback_kernels=True)
-        with torch.no_grad(), guards.tracing(guards.TracingContext(mode)):
-            gm = make_fx(lambda x: x + 1)(torch.zeros(1))
-    except Exception:  # pragma: no cover - a torch whose tracing context or make_fx differs
-        return False
-    _ASKS.append(any(getattr(n.meta.get("val"), "fake_mode", None) is mode for n in gm.graph.nodes))
-    return _ASKS[0]
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    mode = FakeTensorMode(allow_fallback_kernels=True)
+    with torch.no_grad(), guards.tracing(guards.TracingContext(mode)):
+        gm = make_fx(lambda x: x + 1)(torch.zeros(1))
+    return any(getattr(n.meta.get("val"), "fake_mode", None) is mode for n in gm.graph.nodes)
+
+
+# Whether make_fx records its values in the active ``TracingContext``'s fake mode.  torch
+# 2.5's does not: its ``extract_val`` builds a ``FakeTensorMode`` per value without
+# ``torch._guards.detect_fake_mode`` (added by pytorch/pytorch#144168), so a context would
+# change nothing there.  A probe that fails answers no (a mode per value: slower, the same graph).
+make_fx_asks_the_context = _Probe("whether make_fx asks the tracing context for its fake mode",
+                                  _ask_make_fx_asks_the_context, on_failure=False)
 
 
 def trace_step(fn: Callable, signature: StepSignature, inputs: Mapping[str, torch.Tensor],
