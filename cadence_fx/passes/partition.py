@@ -27,7 +27,7 @@ import torch.fx as fx
 
 from .. import step as meta
 from ..errors import PassError
-from .base import CadencePass, PassResult, by_op, call_summary
+from .base import CadencePass, PassResult, by_op, call_summary, copy_node
 
 aten = torch.ops.aten
 
@@ -378,7 +378,7 @@ def split_in_order(gm: fx.GraphModule, part: dict[fx.Node, int],
                 arg(a)
             if n.op == "call_module" and not hasattr(module, n.target):  # a shared step: the piece calls it too
                 module.add_module(n.target, gm.get_submodule(n.target))
-            local[n] = graph.node_copy(n, lambda a: local[a])
+            local[n] = copy_node(graph, n, lambda a: local[a])
         for setter, (first, last, exit_node) in reversed(spans.items()):
             if exit_node is not None and first <= idx < last:
                 graph.call_function(exit_node.target, (local[setter],)).meta = dict(exit_node.meta)

@@ -31,7 +31,7 @@ import torch.fx as fx
 from ..errors import SpecializationRefused
 from .. import step as meta
 from ..step import Role
-from .base import CALL_SUMMARY
+from .base import CALL_SUMMARY, copy_node
 from .step_share import SHARED, share_calls
 from .trace_symbolic import SymbolicStep, SymTensor
 
@@ -188,7 +188,7 @@ def _bound_copy(sym: SymbolicStep, binding: Mapping, dims: Mapping[str, int],
 
     for node in src.nodes:
         if inner and node.op == "placeholder":
-            copy = graph.node_copy(node)
+            copy = copy_node(graph, node)
             value = node.meta.get(meta.SYM)
             env[node] = (_value(value, binding, node.name)
                          if value is not None and not isinstance(value, (SymTensor, list, tuple)) else copy)
@@ -200,7 +200,7 @@ def _bound_copy(sym: SymbolicStep, binding: Mapping, dims: Mapping[str, int],
             elif role is Role.BUFFER:
                 buffers_pending.append(node)
             else:
-                env[node] = graph.node_copy(node, arg)
+                env[node] = copy_node(graph, node, arg)
             continue
         for b in buffers_pending:  # buffers become constants, read where the placeholders end
             region = meta.region(b)
@@ -220,7 +220,7 @@ def _bound_copy(sym: SymbolicStep, binding: Mapping, dims: Mapping[str, int],
             if args and args[0] is not True and node.target is torch.ops.aten._assert_scalar.default:
                 raise SpecializationRefused(f"runtime assert {args[1:] or node.name} fails at {dict(dims)}")
             continue
-        env[node] = graph.node_copy(node, arg)
+        env[node] = copy_node(graph, node, arg)
     return module_without_code(root, graph, attrs)
 
 

@@ -63,7 +63,7 @@ from torch.fx.graph_module import _copy_attr  # what GraphModule.__init__ uses (
 
 from .. import step as meta
 from ..errors import PassError
-from .base import CALL_SUMMARY, CallSummary, has_side_effect, view_roots, written_args
+from .base import CALL_SUMMARY, CallSummary, copy_node, has_side_effect, view_roots, written_args
 from .fold_host_constants import input_independent
 
 SHARED = "shared_step"
@@ -256,7 +256,7 @@ def _submodule(gm: fx.GraphModule, template: list[fx.Node], inputs: list[fx.Node
         raise PassError(f"step_share: {a.name} is read by the step but is neither in it nor an input")
 
     for node in template:
-        env[node] = attr(node) if node.op == "get_attr" else graph.node_copy(node, arg)
+        env[node] = attr(node) if node.op == "get_attr" else copy_node(graph, node, arg)
     graph.output(tuple(env[template[j]] for j in used))
     sub = fx.GraphModule(root, graph, class_name="SharedStep")
     sub.meta[CALL_SUMMARY] = summarize(sub)
@@ -294,9 +294,9 @@ def inline_calls(gm: fx.GraphModule, name: str = SHARED) -> fx.GraphModule:
                 if n.op == "get_attr":  # read where the call stood, as a trace reads it
                     if not hasattr(gm, n.target):
                         _copy_attr(sub, gm, n.target)
-                    env[n] = gm.graph.node_copy(n)
+                    env[n] = copy_node(gm.graph, n)
                     continue
-                env[n] = gm.graph.node_copy(n, lambda a: env[a])
+                env[n] = copy_node(gm.graph, n, lambda a: env[a])
         for user in list(call.users):
             if user.op != "call_function" or user.target is not operator.getitem:
                 raise PassError(f"step_share: {user.name} uses the call {call.name} whole")

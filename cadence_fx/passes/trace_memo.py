@@ -37,7 +37,7 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from .. import step as meta
-from .base import view_root, written_args
+from .base import copy_node, view_root, written_args
 
 #: methods memoized on every watched module class that defines them
 DEFAULT_METHODS = ("forward",)
@@ -399,7 +399,7 @@ class CallMemo:
             if n in template.slot_of:
                 mapping[n] = node_for(n, template.slot_of[n])
                 continue
-            new = graph.node_copy(n, lambda a: mapping.get(a, a))
+            new = copy_node(graph, n, lambda a: mapping.get(a, a))
             new.meta.pop(meta.SCOPE, None)
             if template.scopes[n]:
                 new.meta[meta.SCOPE] = template.scopes[n]

@@ -32,6 +32,7 @@ import torch.fx as fx
 
 from ..errors import CadenceError
 from .. import step as meta
+from ..passes.base import add_node
 from ..passes.specialize import module_without_code
 from ..passes.trace_symbolic import SymbolicStep
 from ..step import Role
@@ -161,8 +162,8 @@ def decode_step(record: Mapping[str, Any], modules: Mapping[str, torch.nn.Module
     graph = fx.Graph()
     env: dict[str, fx.Node] = {}
     for op, name, target, args, kwargs, node_meta in record["nodes"]:
-        node = graph.create_node(op, _decode_target(target, name), _decode_arg(args, env),
-                                 _decode_arg(kwargs, env), name=name)
+        node = add_node(graph, op, _decode_target(target, name), _decode_arg(args, env),
+                        _decode_arg(kwargs, env), name=name)
         if node.name != name:
             raise Rejected(f"node {name} came back as {node.name}")
         node.meta.update(node_meta)

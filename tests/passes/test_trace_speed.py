@@ -17,8 +17,10 @@ from unittest import mock
 import pytest
 import torch
 import torch.fx as fx
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from cadence_fx import step as meta
+from cadence_fx.errors import TraceError
 from cadence_fx.compiler import build_plan, buffer_bindings, region_bindings, rewrite_pipeline
 from cadence_fx.passes import trace
 from cadence_fx.passes.trace import trace_step
@@ -185,3 +187,91 @@ def test_a_pass_whose_ensures_runs_the_code_gets_fresh_code(monkeypatch):
     out, _ = PassManager([Double()])(gm)
     assert len(calls) == 2  # before the ensures, and once at the end
     assert torch.equal(out(torch.full((2,), 3.0)), torch.full((2,), 6.0))
+
+
+def test_a_failing_probe_keeps_no_answer_and_fails_closed_where_no_guess_is_safe():
+    # the two questions about this torch's make_fx: asked once, kept once answered
+    calls = []
+
+    def broken():
+        calls.append(1)
+        raise RuntimeError("no make_fx here")
+
+    slower = trace._Probe("whether it is faster", broken, on_failure=False)
+    assert slower() is False and slower() is False
+    assert len(calls) == 2  # a failure is not kept: asked again
+    unsafe = trace._Probe("whether make_fx records torch.autocast blocks", broken, on_failure=None)
+    with pytest.raises(TraceError, match="cannot tell whether make_fx records torch.autocast blocks"
+                                         ".*RuntimeError: no make_fx here"):
+        unsafe()
+    answers = iter([True, False])
+    once = trace._Probe("q", lambda: next(answers), on_failure=None)
+    assert once() is True and once() is True  # the first answer is kept
+    once.forget()
+    assert once() is False
+
+
+def test_a_trace_whose_autocast_probe_fails_is_refused_not_recorded_without_it(monkeypatch):
+    def broken():
+        raise RuntimeError("probe broke")
+
+    monkeypatch.setattr(trace, "_records_autocast",
+                        trace._Probe("whether make_fx records torch.autocast blocks", broken, on_failure=None))
+    with pytest.raises(TraceError, match="cannot tell whether make_fx records torch.autocast"):
+        traced_toy()
+
+
+def _mixed_graph() -> fx.GraphModule:
+    """Calls with nested list arguments, keyword arguments, constants and several users."""
+    def f(x, y):
+        a = torch.cat([x, y * 2], dim=1)
+        b = a[:, 1:3].reshape(-1)
+        c = torch.ones_like(b, dtype=torch.float64) + b.to(torch.float64)
+        return c.sum(dim=[0], keepdim=True), a.transpose(0, 1)
+    with torch.no_grad():
+        return make_fx(f, pre_dispatch=True)(torch.randn(2, 3), torch.randn(2, 3))
+
+
+def test_copy_node_copies_as_node_copy_does():
+    from cadence_fx.passes.base import copy_node
+    gm = _mixed_graph()
+    assert any(n.kwargs for n in gm.graph.nodes if n.op == "call_function")  # the case it shortens
+    assert any(isinstance(a, (list, tuple)) for n in gm.graph.nodes for a in n.args)
+    copies = []
+    for copier in (lambda g, n, t: g.node_copy(n, t), copy_node):
+        graph, env = fx.Graph(), {}
+        for n in gm.graph.nodes:
+            env[n] = copier(graph, n, lambda a: env[a])
+        copies.append((graph, env))
+    (theirs, their_env), (ours, our_env) = copies
+    assert str(ours) == str(theirs)
+    assert ours.python_code("self").src == theirs.python_code("self").src
+    for n in gm.graph.nodes:
+        a, b = their_env[n], our_env[n]
+        assert (b.op, b.target, b.name, b.type) == (a.op, a.target, a.name, a.type)
+        assert fx.node.map_arg((b.args, b.kwargs), lambda m: m.name) == fx.node.map_arg((a.args, a.kwargs), lambda m: m.name)
+        assert type(b.args) is type(a.args) and type(b.kwargs) is type(a.kwargs)
+        assert [u.name for u in b.users] == [u.name for u in a.users]
+        assert [m.name for m in b.all_input_nodes] == [m.name for m in a.all_input_nodes]
+        assert b.meta == n.meta and b.meta is not n.meta
+    ours.lint()
+
+
+def test_copy_node_skips_the_argument_walk_and_keeps_creation_hooks(monkeypatch):
+    from cadence_fx.passes import base
+    import torch.fx.graph as fx_graph
+    gm = _mixed_graph()
+    walked = []
+    real = fx_graph.pytree.tree_iter
+    monkeypatch.setattr(fx_graph.pytree, "tree_iter", lambda *a, **k: walked.append(1) or real(*a, **k))
+    graph, env = fx.Graph(), {}
+    for n in gm.graph.nodes:
+        env[n] = base.copy_node(graph, n, lambda a: env[a])
+    assert walked == []  # torch 2.13's create_node walks every call's arguments; the copies do not
+    # a module that watches node creation sees each node with its arguments, as create_node gives it
+    watched = fx.GraphModule(torch.nn.Module(), fx.Graph())
+    seen = []
+    watched._register_create_node_hook(lambda node: seen.append((node.name, node.args)))
+    x = watched.graph.placeholder("x")
+    base.add_node(watched.graph, "call_function", torch.ops.aten.add.Tensor, (x, x), {}, name="y")
+    assert seen[-1][0] == "y" and len(seen[-1][1]) == 2
