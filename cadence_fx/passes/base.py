@@ -81,11 +81,12 @@ def add_node(graph: fx.Graph, op: str, target: Any, args: tuple = (), kwargs: "d
     """``graph.create_node(...)``: the same node, at the same place, faster.
 
     torch 2.13's ``create_node`` walks a call's arguments with pytree to warn about a raw
-    ``SymInt`` among them, about 70% of the time it takes to copy a node.  Copies of
-    nodes torch made (specialize, partition, the memo, the program cache) are the bulk
-    of a new prompt length's host work, so a call node here is created without
-    arguments and given them by assignment (``Node.args``/``kwargs``: the same
-    bookkeeping of uses as construction, without the walk).  A graph whose module
+    ``SymInt`` among them, about 70% of the time it takes to copy a node there.  Copies
+    of nodes torch made (specialize, partition, the memo, the program cache) are much of
+    a new prompt length's host work, so a call node here is created without arguments
+    and given them by assignment (``Node.args``/``kwargs``: the same bookkeeping of uses
+    as construction, without the walk).  torch 2.11's ``create_node`` does not walk:
+    there it changes nothing (paired on the released model, ``docs/results``).  A graph whose module
     watches node creation (``_create_node_hooks``) is handed to ``create_node`` as is:
     its hooks see the node as they always do.
     """
