@@ -455,10 +455,7 @@ def _stock_state_drift(gm: fx.GraphModule, plan: Plan, specs: dict[str, TensorSp
     (outputs,) = [n.args[0] for n in gm.graph.nodes if n.op == "output"]
     drift = {}
     for r, node in zip(sig.regions, outputs[len(sig.outputs):]):
-        val = node.meta.get("val") if isinstance(node, fx.Node) else None
-        if val is None and isinstance(node, fx.Node) and node.op == "get_attr":
-            # torch 2.5 records no value on a constant's get_attr (2.13 does): the tensor itself
-            val = meta.attr(gm, node.target)
+        val = meta.value(gm, node) if isinstance(node, fx.Node) else None
         if not isinstance(val, torch.Tensor):
             continue
         axis = plan.layout.slot(r).axis

@@ -175,6 +175,16 @@ def attr(module: Any, target: str) -> Any:
     return module
 
 
+def value(gm: Any, node: "fx.Node") -> Any:
+    """``node``'s recorded value (``meta["val"]``), or for a ``get_attr`` without one the
+    tensor it reads from ``gm``: torch 2.5.1's make_fx records no value on a constant's
+    ``get_attr`` (2.13 does), so a check of shapes would otherwise skip the constant."""
+    val = node.meta.get("val")
+    if val is None and node.op == "get_attr":
+        return attr(gm, node.target)
+    return val
+
+
 def byte_interval(t: "torch.Tensor") -> tuple[int, int]:
     """[lo, hi) bytes of ``t``'s storage that ``t`` can touch (the aliasing check's
     accesses; the runtime's test that a read does not overlap a write)."""

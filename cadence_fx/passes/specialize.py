@@ -306,7 +306,7 @@ def _drop_whole_slices(gm: fx.GraphModule) -> int:
         start = node.args[2] if len(node.args) > 2 else node.kwargs.get("start")
         end = node.args[3] if len(node.args) > 3 else node.kwargs.get("end")
         step = node.args[4] if len(node.args) > 4 else node.kwargs.get("step", 1)
-        val, sval = node.meta.get("val"), src.meta.get("val") if isinstance(src, fx.Node) else None
+        val, sval = node.meta.get("val"), meta.value(gm, src) if isinstance(src, fx.Node) else None
         if not (isinstance(val, torch.Tensor) and isinstance(sval, torch.Tensor)):
             continue
         size = sval.shape[dim]

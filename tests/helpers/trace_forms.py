@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from cadence_fx.step import attr
+from cadence_fx.step import value
 
 
 def _whole_slices_traced() -> bool:
@@ -32,8 +32,7 @@ def without_whole_slices(gm: fx.GraphModule) -> fx.GraphModule:
             continue
         src, dim, start, end, step = (*node.args, *(None, 0, None, None, 1)[len(node.args):])
         val = node.meta.get("val")
-        # torch 2.5.1 records no value on a constant's get_attr: the tensor itself
-        sval = src.meta.get("val", attr(gm, src.target) if src.op == "get_attr" else None)
+        sval = value(gm, src)  # torch 2.5.1 records no value on a constant's get_attr: the tensor itself
         if not (isinstance(val, torch.Tensor) and isinstance(sval, torch.Tensor)):
             continue
         if (start in (None, 0) and (end is None or end >= sval.shape[dim]) and step == 1

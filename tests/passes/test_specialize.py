@@ -220,3 +220,46 @@ def test_a_shared_form_is_kept_per_what_decides_the_predicate():
     held = [1]
     unhashable = (lambda n: n in held)
     assert _predicate_key(unhashable) != _predicate_key(lambda n: n in held)  # each its own
+
+
+def test_value_is_the_recorded_value_or_a_get_attrs_tensor():
+    """``step.value``: a node's ``meta["val"]``; a ``get_attr`` without one (torch 2.5.1's
+    make_fx records none on a constant's) reads its tensor from the module, dotted target
+    and all; any other node without one has no value."""
+    root = torch.nn.Module()
+    root.sub = torch.nn.Module()
+    root.sub.register_buffer("table", torch.arange(6.0).reshape(2, 3))
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    bare, recorded = graph.get_attr("sub.table"), graph.get_attr("sub.table")
+    add = graph.call_function(torch.ops.aten.add.Tensor, (x, bare))
+    graph.output(add)
+    gm = torch.fx.GraphModule(root, graph)
+    fake = torch.empty(2, 3, device="meta")
+    recorded.meta["val"] = fake
+    assert meta.value(gm, bare) is gm.sub.table  # no recorded value: the constant itself
+    assert meta.value(gm, recorded) is fake  # a recorded value wins over the tensor
+    assert meta.value(gm, add) is None and meta.value(gm, x) is None  # only a get_attr reads the module
+    add.meta["val"] = fake
+    assert meta.value(gm, add) is fake
+
+
+def test_a_whole_slice_of_a_constant_without_a_recorded_value_is_dropped():
+    """torch 2.5.1's ``x[:, :1]`` of a constant: a whole slice of dim 0 (``slice(c, 0, 0,
+    2**63-1)``: the same sizes, strides and memory) under dim 1's, its ``get_attr`` without a
+    value.  ``specialize`` drops the whole slice as it does one of a recorded value."""
+    from cadence_fx.passes.specialize import _drop_whole_slices
+
+    root = torch.nn.Module()
+    root.register_buffer("c", torch.arange(6.0).reshape(2, 3))
+    graph = torch.fx.Graph()
+    c = graph.get_attr("c")
+    whole = graph.call_function(torch.ops.aten.slice.Tensor, (c, 0, 0, 9223372036854775807))
+    part = graph.call_function(torch.ops.aten.slice.Tensor, (whole, 1, 0, 1))
+    graph.output(part)
+    gm = torch.fx.GraphModule(root, graph)
+    whole.meta["val"], part.meta["val"] = root.c[0:], root.c[:, 0:1]
+    assert _drop_whole_slices(gm) == 1
+    gm.recompile()
+    assert [n.args[0] for n in gm.graph.nodes if n.target is torch.ops.aten.slice.Tensor] == [c]
+    assert torch.equal(gm(), root.c[:, :1])
