@@ -364,7 +364,7 @@ def traced_extents(gm: fx.GraphModule, plan: Plan) -> dict[str, int | None]:
     out = {}
     for r, node in zip(sig.regions, outputs[len(sig.outputs):]):
         slot = plan.layout.slot(r)
-        val = node.meta.get("val") if isinstance(node, fx.Node) else None
+        val = meta.value(gm, node) if isinstance(node, fx.Node) else None
         if not isinstance(val, torch.Tensor):
             raise VariantRefused(f"the step's next {r} has no recorded shape")
         shape = tuple(val.shape)

@@ -422,3 +422,25 @@ def test_input_specs_match_the_catalog():
     assert all(e.inputs == {"x": spec} for e in exe.plan.catalog)
     assert exe.inputs == ("x",) and exe.outputs == ("y",) and exe.carried == ("kv", "conv")
     assert buffer_bindings(adapter.declaration, Arena(exe.plan.layout, "cpu")).keys() == {BUFFER_PATH}
+
+
+def test_traced_extents_read_a_state_returned_as_a_constant_without_a_recorded_value():
+    # torch 2.5.1's make_fx records no value on a constant's get_attr: a step returning its
+    # next state straight from one is read through the constant, not refused as shapeless
+    import torch.fx as fx
+    from cadence_fx import step as meta
+    from cadence_fx.compiler import traced_extents
+    from helpers.toy_models import toy_entry_graph
+    gm, _, plan = toy_entry_graph(ToyAdapter(make_toy(), 2), 1)
+    sig = meta.signature(gm)
+    (output,) = [n for n in gm.graph.nodes if n.op == "output"]
+    outs = list(output.args[0])
+    where = len(sig.outputs) + sig.regions.index("kv")
+    want = traced_extents(gm, plan)
+    gm.register_buffer("_next_kv", torch.zeros(outs[where].meta["val"].shape))
+    with gm.graph.inserting_before(output):
+        const = gm.graph.get_attr("_next_kv")  # no meta["val"], as torch 2.5.1 records it
+    outs[where] = const
+    output.args = (tuple(outs),)
+    assert "val" not in const.meta
+    assert traced_extents(gm, plan) == want
