@@ -86,9 +86,9 @@ def add_node(graph: fx.Graph, op: str, target: Any, args: tuple = (), kwargs: "d
     a new prompt length's host work, so a call node here is created without arguments
     and given them by assignment (``Node.args``/``kwargs``: the same bookkeeping of uses
     as construction, without the walk).  torch 2.11's ``create_node`` does not walk:
-    there it changes nothing (paired on the released model, ``docs/results``).  A graph whose module
-    watches node creation (``_create_node_hooks``) is handed to ``create_node`` as is:
-    its hooks see the node as they always do.
+    there it changes nothing (paired on the released model, ``docs/results``).  A graph
+    whose module watches node creation (``_create_node_hooks``) is handed to
+    ``create_node`` as is: its hooks see the node as they always do.
     """
     owner = graph.owning_module
     if (op not in _CALLS or not (args or kwargs)
