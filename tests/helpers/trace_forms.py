@@ -12,12 +12,14 @@ from cadence_fx.step import value
 
 def _whole_slices_traced() -> bool:
     from torch.fx.experimental.proxy_tensor import make_fx
-    gm = make_fx(lambda x: x[:, :2])(torch.zeros(2, 3))
+    with torch.no_grad():  # as trace_step traces
+        gm = make_fx(lambda x: x[:, :2], pre_dispatch=True)(torch.zeros(2, 3))
     return sum(n.target is torch.ops.aten.slice.Tensor for n in gm.graph.nodes) > 1
 
 
 #: make_fx records ``x[:, :n]`` at known sizes as a whole slice of dim 0 and dim 1's slice
-#: (torch 2.5.1), not dim 1's alone (2.13): ``specialize`` drops whole slices, a trace keeps them
+#: (torch 2.5.1: ``slice(x, 0, 0, 9223372036854775807)``), not dim 1's alone (2.13):
+#: ``specialize`` drops whole slices, a trace keeps them, and the rewrite passes keep them
 WHOLE_SLICES_TRACED = _whole_slices_traced()
 
 

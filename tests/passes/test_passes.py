@@ -25,6 +25,7 @@ from cadence_fx.passes.prune_dead import PruneDead
 from cadence_fx.passes.state_rewrite import RegionBinding, RewriteRecord, StateRewrite
 from cadence_fx.passes.trace import trace_step
 from cadence_fx.step import StepSignature
+from helpers.trace_forms import WHOLE_SLICES_TRACED
 
 aten = torch.ops.aten
 
@@ -32,12 +33,6 @@ aten = torch.ops.aten
 def trace(fn, *args) -> fx.GraphModule:
     with torch.no_grad():
         return make_fx(fn, pre_dispatch=True)(*args)
-
-
-# torch 2.5 traces the ``:`` of ``buf[:, :n]`` as a slice that keeps all of ``buf``
-# (``slice(buf, 0, 0, 9223372036854775807)``); torch 2.13 records nothing for it
-WHOLE_SLICES = len([n for n in trace(lambda t: t[:, :1], torch.zeros(2, 2)).graph.nodes
-                    if n.target is aten.slice.Tensor]) == 2
 
 
 def run(gm: fx.GraphModule, *args):
@@ -299,7 +294,7 @@ class TestStateRewrite(TestCase):
     def test_in_place_and_written_back(self):
         # Window(retain=2, prefix=1), stride 2: step 0 grows kv 1 -> 3 frames, no trim.
         gm, buf, inputs, state = traced_step(prefix=1, retain=2, ext_in=1)
-        if WHOLE_SLICES:  # torch 2.5: the same graph with its whole slices
+        if WHOLE_SLICES_TRACED:  # torch 2.5: the same graph with its whole slices
             self.assertExpectedInline(gm.code.strip(), """\
 def forward(self, in_x, state_kv, state_c):
     cat = torch.ops.aten.cat.default([in_x, state_kv], 1);  in_x = state_kv = None
@@ -333,7 +328,7 @@ def forward(self, in_x, state_kv, state_c):
         rewrite = StateRewrite(bindings(capacity=5, ext_in=1, ext_out=3))
         result = rewrite(gm)
 
-        if WHOLE_SLICES:  # torch 2.5: the same graph with its whole slices
+        if WHOLE_SLICES_TRACED:  # torch 2.5: the same graph with its whole slices
             self.assertExpectedInline(result.graph_module.code.strip(), """\
 def forward(self, in_x, arena_kv, arena_c):
     slice_tensor = torch.ops.aten.slice.Tensor(arena_kv, 1, 0, 1)
@@ -371,7 +366,7 @@ def forward(self, in_x, arena_kv, arena_c):
         self.assertEqual(str(result.record), "arena inputs ['kv', 'c']; in place ['kv']; written back ['c']; "
                                              "buffer reads/writes rebound: 2")
         after = counts(gm)
-        whole = 2 if WHOLE_SLICES else 0  # torch 2.5: the two whole slices of buf, kept
+        whole = 2 if WHOLE_SLICES_TRACED else 0  # torch 2.5: the two whole slices of buf, kept
         self.assertEqual(before, {"cat": 1, "slice": 2 + whole, "copy_": 1, "sum": 1, "add": 1, "mul": 1})
         self.assertEqual(after, {"slice": 3 + whole, "alias": 2, "cat": 1, "copy_": 2, "sum": 1, "add": 1, "mul": 1})
 
@@ -397,7 +392,7 @@ def forward(self, in_x, arena_kv, arena_c):
         gm, buf, inputs, state = traced_step(prefix=1, retain=1, ext_in=1)
         original = copy.deepcopy(gm)
         result = StateRewrite(bindings(capacity=4, ext_in=1, ext_out=2))(gm)
-        if WHOLE_SLICES:  # torch 2.5: the same graph with its whole slices
+        if WHOLE_SLICES_TRACED:  # torch 2.5: the same graph with its whole slices
             self.assertExpectedInline(result.graph_module.code.strip(), """\
 def forward(self, in_x, arena_kv, arena_c):
     slice_tensor = torch.ops.aten.slice.Tensor(arena_kv, 1, 0, 1)
@@ -533,7 +528,7 @@ class TestEarlyWriteback(TestCase):
         binds = bindings(capacity=4, ext_in=1, ext_out=2)
         StateRewrite(binds)(gm)
         result = EarlyWriteback(binds)(gm)
-        if WHOLE_SLICES:  # torch 2.5: the same graph with its whole slices
+        if WHOLE_SLICES_TRACED:  # torch 2.5: the same graph with its whole slices
             self.assertExpectedInline(result.graph_module.code.strip(), """\
 def forward(self, in_x, arena_kv, arena_c):
     slice_tensor = torch.ops.aten.slice.Tensor(arena_kv, 1, 0, 1)
