@@ -11,9 +11,10 @@ TARGET = Path("docs/results/setup-h200.json")
 COMMIT = "9c6c146"
 
 old = json.loads(TARGET.read_text())
-rows = []
+rows, torch_versions = [], set()
 for k in (10, 5):
     rep = json.loads((HERE / f"setup{k}" / f"setup-SRc-{k}.json").read_text())
+    torch_versions.add(rep["torch"])
     every = [r["ready_s"] for r in rep["cold"]["rows"][1:]] + [r["ready_s"] for r in rep["warm"]["rows"][1:]]
     split = []
     for run in ("cold", "warm"):
@@ -56,7 +57,8 @@ def control() -> dict:
 previous = {k: old[k] for k in ("commit", "date", "notes", "rows") if k in old}
 before = {f"{old['commit']} (session thirty-three: the rows this file held before session thirty-six's)": previous,
           **old["before"]}
-new = {"gpu": "NVIDIA H200", "torch": rows and json.loads((HERE / "setup10" / "setup-SRc-10.json").read_text())["torch"],
+(torch_version,) = torch_versions  # both reports from one machine
+new = {"gpu": "NVIDIA H200", "torch": torch_version,
        "date": "2026-12-04", "commit": COMMIT, "protocol": old["protocol"],
        "notes": old["notes"].split(" Library at ")[0] + (
            f" Library at {COMMIT} (session thirty-six): as session thirty-five's (torch 2.5 support, a "
