@@ -31,7 +31,7 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from ..errors import TraceError
+from ..errors import NeedsForeground, TraceError
 from .. import step as meta
 from ..step import Role, StepSignature
 from .trace_memo import TRACE_TURN
@@ -54,7 +54,9 @@ class _Probe:
     An answer, once had, is kept.  A probe that raises keeps nothing (the next call
     asks again) and answers ``on_failure``, or, where no answer is safe
     (``on_failure=None``), raises ``TraceError`` naming the question: a trace that
-    cannot know how this torch records a block must not record it.
+    cannot know how this torch records a block must not record it.  ``NeedsForeground``
+    (a build's fence refused the probe's run) passes through as it is: a trace that
+    raises it is tried again in the foreground, never refused for good.
     """
 
     def __init__(self, question: str, ask: Callable[[], bool], on_failure: bool | None):
@@ -69,6 +71,8 @@ class _Probe:
             if not self._answer:
                 try:
                     answer = bool(self._ask())
+                except NeedsForeground:  # a build's fence: not an answer, and not a failure to keep
+                    raise
                 except Exception as e:
                     if self._on_failure is None:
                         raise TraceError(f"trace: cannot tell {self.question}: the one-op probe "

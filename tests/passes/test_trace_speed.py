@@ -20,7 +20,7 @@ import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from cadence_fx import step as meta
-from cadence_fx.errors import TraceError
+from cadence_fx.errors import NeedsForeground, TraceError
 from cadence_fx.compiler import build_plan, buffer_bindings, region_bindings, rewrite_pipeline
 from cadence_fx.passes import trace
 from cadence_fx.passes.trace import trace_step
@@ -204,6 +204,19 @@ def test_a_failing_probe_keeps_no_answer_and_fails_closed_where_no_guess_is_safe
     with pytest.raises(TraceError, match="cannot tell whether make_fx records torch.autocast blocks"
                                          ".*RuntimeError: no make_fx here"):
         unsafe()
+    fences = iter([NeedsForeground("fence"), NeedsForeground("fence"), None])
+
+    def fenced_once():  # a build's fence refuses the probe's run, then the foreground answers
+        e = next(fences)
+        if e is not None:
+            raise e
+        return True
+
+    for on_failure in (None, False):  # neither a refusal for good nor a kept "no"
+        fenced = trace._Probe("q", fenced_once, on_failure=on_failure)
+        with pytest.raises(NeedsForeground):
+            fenced()
+    assert fenced() is True  # nothing was kept: the foreground's call asks again
     answers = iter([True, False])
     once = trace._Probe("q", lambda: next(answers), on_failure=None)
     assert once() is True and once() is True  # the first answer is kept
