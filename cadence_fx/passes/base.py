@@ -22,11 +22,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 import operator
+import sys
 from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx as fx
 
+from .. import step as meta
 from ..errors import PassError
 from ..foreground import make_way
 
@@ -307,6 +309,37 @@ def aliased_arg(node: fx.Node) -> "fx.Node | None":
     if is_view(node) or returns_written(node):
         return src
     return None
+
+
+_SLICE_DEFAULTS = (0, None, None, 1)  # aten.slice.Tensor(self, dim=0, start=None, end=None, step=1)
+
+
+def whole_slice(node: fx.Node) -> bool:
+    """Whether ``node`` is an ``aten.slice.Tensor`` that keeps all of its input (its
+    result is its input's view unchanged: the same sizes, strides and offset): start 0,
+    step 1, and an end at or past the sliced dim's size.  Read from the arguments where
+    they say so (no end, or torch 2.5's ``2**63 - 1`` for a ``:``, as in ``buf[:, :n]``'s
+    ``slice(buf, 0, 0, 2**63 - 1)``), else from the input's value (``meta["val"]``, or a
+    ``get_attr``'s tensor: ``step.value``); ``False`` where neither tells."""
+    if node.op != "call_function" or node.target is not torch.ops.aten.slice.Tensor:
+        return False
+    src = node.args[0]
+    if not isinstance(src, fx.Node):
+        return False
+    rest = list(node.args[1:]) + list(_SLICE_DEFAULTS[len(node.args) - 1:])
+    dim, start, end, step_ = (node.kwargs.get(k, v) for k, v in zip(("dim", "start", "end", "step"), rest))
+    if start not in (None, 0) or step_ not in (None, 1):
+        return False
+    if end is None or end == sys.maxsize:
+        return True
+    if type(end) is not int or type(dim) is not int:
+        return False  # a symbolic or computed end: only a value could tell, and it may change
+    gm = node.graph.owning_module
+    val = meta.value(gm, src) if gm is not None or src.op != "get_attr" else None
+    if not isinstance(val, torch.Tensor) or not -val.dim() <= dim < val.dim():
+        return False
+    size = val.shape[dim]
+    return type(size) is int and end >= size
 
 
 def view_root(node: fx.Node) -> fx.Node:

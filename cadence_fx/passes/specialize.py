@@ -31,7 +31,7 @@ import torch.fx as fx
 from ..errors import SpecializationRefused
 from .. import step as meta
 from ..step import Role
-from .base import CALL_SUMMARY, copy_node
+from .base import CALL_SUMMARY, copy_node, whole_slice
 from .step_share import SHARED, share_calls
 from .trace_symbolic import SymbolicStep, SymTensor
 
@@ -297,22 +297,11 @@ def _free(v: SymTensor) -> bool:
 
 
 def _drop_whole_slices(gm: fx.GraphModule) -> int:
+    """Replace every slice that keeps all of its input (``whole_slice``) by its input."""
     dropped = 0
     for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target is not torch.ops.aten.slice.Tensor:
-            continue
-        src = node.args[0]
-        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
-        start = node.args[2] if len(node.args) > 2 else node.kwargs.get("start")
-        end = node.args[3] if len(node.args) > 3 else node.kwargs.get("end")
-        step = node.args[4] if len(node.args) > 4 else node.kwargs.get("step", 1)
-        val, sval = node.meta.get("val"), meta.value(gm, src) if isinstance(src, fx.Node) else None
-        if not (isinstance(val, torch.Tensor) and isinstance(sval, torch.Tensor)):
-            continue
-        size = sval.shape[dim]
-        if (start in (None, 0) and (end is None or end >= size) and step == 1
-                and tuple(val.shape) == tuple(sval.shape) and val.stride() == sval.stride()):
-            node.replace_all_uses_with(src)
+        if whole_slice(node):
+            node.replace_all_uses_with(node.args[0])
             gm.graph.erase_node(node)
             dropped += 1
     return dropped

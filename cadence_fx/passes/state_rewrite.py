@@ -35,7 +35,6 @@ buffer already overwrote.
 from __future__ import annotations
 
 import dataclasses
-import sys
 from typing import Mapping, Sequence
 
 import torch
@@ -46,7 +45,7 @@ from ..errors import PassError
 from ..foreground import forked_rng
 from ..step import Role
 from . import aliasing
-from .base import CadencePass, PassResult, returns_written, view_root
+from .base import CadencePass, PassResult, returns_written, view_root, whole_slice
 
 aten = torch.ops.aten
 
@@ -220,17 +219,8 @@ class StateRewrite(CadencePass):
 
 def _same_view(node: fx.Node) -> fx.Node:
     """The node whose view ``node`` is unchanged: through ``copy_(view, x)`` (that view) and
-    slices that keep all of their input (torch 2.5 traces ``buf[:, :n]`` as ``slice(buf, 0,
-    0, 2**63 - 1)`` first; later torch records nothing for the ``:``)."""
-    while node.op == "call_function":
-        if returns_written(node):
-            node = node.args[0]
-            continue
-        if node.target is not aten.slice.Tensor or node.kwargs or not isinstance(node.args[0], fx.Node):
-            return node
-        start, end, step = (list(node.args[2:]) + [None] * 3)[:3]
-        if start not in (None, 0) or step not in (None, 1) or not (end is None or end == sys.maxsize):
-            return node
+    slices that keep all of their input (``whole_slice``)."""
+    while node.op == "call_function" and (returns_written(node) or whole_slice(node)):
         node = node.args[0]
     return node
 

@@ -263,3 +263,36 @@ def test_a_whole_slice_of_a_constant_without_a_recorded_value_is_dropped():
     gm.recompile()
     assert [n.args[0] for n in gm.graph.nodes if n.target is torch.ops.aten.slice.Tensor] == [c]
     assert torch.equal(gm(), root.c[:, :1])
+
+
+def test_whole_slice_says_a_slice_keeps_all_of_its_input_from_its_args_or_its_inputs_value():
+    """The one predicate behind specialize's drop and state_rewrite's ``_same_view``."""
+    from cadence_fx.passes.base import whole_slice
+
+    root = torch.nn.Module()
+    root.register_buffer("c", torch.zeros(2, 3))
+    graph = torch.fx.Graph()
+    x, c = graph.placeholder("x"), graph.get_attr("c")
+    x.meta["val"] = torch.empty(4, 5)
+    s = torch.ops.aten.slice.Tensor
+
+    def sl(*args, **kwargs):
+        return graph.call_function(s, args, kwargs)
+
+    cases = {
+        sl(x): True, sl(x, 1): True,  # no bounds at all
+        sl(x, 0, 0, 9223372036854775807): True,  # torch 2.5's ':'
+        sl(x, 1, None, None, 1): True, sl(x, dim=1, start=0, end=None): True,
+        sl(x, 0, 0, 4): True, sl(x, 1, 0, 5): True, sl(x, -1, 0, 7): True,  # at or past the size, by value
+        sl(x, 0, 0, 3): False, sl(x, 1, 0, 4): False, sl(x, -1, 0, 4): False,  # short of it
+        sl(x, 0, 1, 4): False, sl(x, 0, 0, None, 2): False, sl(x, dim=0, step=2): False,
+        sl(c, 1, 0, 3): True, sl(c, 1, 0, 2): False,  # a constant without a value: the tensor it reads
+        sl(x, 5, 0, 9): False,  # a dim the value does not have
+        graph.call_function(torch.ops.aten.narrow.default, (x, 0, 0, 4)): False,  # not a slice
+    }
+    bare = graph.placeholder("y")  # no value recorded: only the arguments can say
+    cases[sl(bare, 0, 0, 4)] = False
+    cases[sl(bare, 0, 0, 9223372036854775807)] = True
+    graph.output(tuple(cases))
+    torch.fx.GraphModule(root, graph)  # the get_attr's tensor is read through the owning module
+    assert {n.format_node(): whole_slice(n) for n in cases} == {n.format_node(): v for n, v in cases.items()}
