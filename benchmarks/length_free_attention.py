@@ -3,17 +3,23 @@
 Architecture item 4 (docs/architecture.md, "Graphs that do not depend on the prompt
 length") needs to know which of the prompt-length-dependent kernels could run at one
 fixed size for every length.  The released Token2Wav's DiT attends over ``[new keys;
-cache]`` with ``F.scaled_dot_product_attention`` and an all-true boolean mask
-(upstream's ``Attention.forward_chunk``); its conformer encoder over ``[cache; new
-keys]`` with ``matmul``, ``softmax`` and ``matmul``.  For each, at every cache length
-``L``, this compares the stock call (the cache concatenated, the mask at ``n + L``) with:
+cache]`` with ``F.scaled_dot_product_attention`` and no mask (upstream's eager
+``DiT.forward_chunk`` passes ``mask=None``; only its own CUDA-graph path pads the cache
+and passes a mask; ``--stock-mask ones`` asks the question for an all-true boolean
+mask); its conformer encoder over ``[cache; new keys]`` with ``matmul``, ``softmax``
+and ``matmul`` under a mask.  For each, at every cache length ``L``, this compares the
+stock call (the cache concatenated) with:
 
 - ``view``: the same call on views ``[:, :, :n+L]`` of capacity-sized key and value
   buffers (the same sizes, other strides);
 - ``padded``: the call on the whole capacity (``C`` keys), the mask false past ``n + L``
   (the padding zeros, or ``--garbage``: random values, which the mask must hide);
 - ``graph``: ``padded`` captured once in a CUDA graph (at the first length) and replayed
-  at every length after refilling its static tensors: one graph for all lengths.
+  at every length after refilling its static tensors: one graph for all lengths;
+- ``seqlen`` (the DiT, CUDA): the kernel stock's call ran (``--backend``: the efficient
+  kernel, or flash's variable-length form) called on the whole capacity with the key
+  count per batch in device memory (``seqlen_k`` / ``seqused_k``): no mask, a launch that
+  does not depend on ``L``; ``seqlen_graph``: that call captured once, replayed at every length.
 
 ``--rows`` also asks the same of the chunk length (windows and flushes): the DiT's
 linears (512 -> 512, 512 -> 2048, 2048 -> 512, ``2 x n`` rows) and its causal
@@ -40,13 +46,37 @@ import torch.nn.functional as F
 HEADS, HEAD_DIM, BATCH = 8, 64, 2  # the released DiT's attention (att_cache (16, 2, 8, t, 128))
 
 
+STOCK_MASK = {"mask": False}  # --stock-mask ones: True
+
+
 def stock_dit(q, k_new, v_new, att_cache):
     """upstream's DiT ``Attention.forward_chunk`` from the heads on: new keys first."""
     k_cache, v_cache = att_cache.chunk(2, dim=3)
     k = torch.cat([k_new, k_cache], dim=2)
     v = torch.cat([v_new, v_cache], dim=2)
-    mask = torch.ones(q.shape[0], q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).unsqueeze(1)
+    mask = None
+    if STOCK_MASK["mask"]:
+        mask = torch.ones(q.shape[0], q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).unsqueeze(1)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def seqlen_call(backend: str, q, kbuf, vbuf, lens):
+    """The DiT's attention over the first ``lens[b]`` keys of capacity buffers, the count
+    read on the device: ``q`` (B, H, n, d), ``kbuf``/``vbuf`` (B, C, H, d), ``lens`` int32 (B,)."""
+    B, H, n, d = q.shape
+    C = kbuf.shape[1]
+    if backend == "EFFICIENT_ATTENTION":
+        out = torch.ops.aten._efficient_attention_forward(
+            q.transpose(1, 2), kbuf, vbuf, None, None, None, n, C, 0.0, 0, False, seqlen_k=lens)[0]
+        return out.transpose(1, 2)
+    if backend == "FLASH_ATTENTION":
+        cum_q = torch.arange(0, (B + 1) * n, n, dtype=torch.int32, device=q.device)
+        cum_k = torch.arange(0, (B + 1) * C, C, dtype=torch.int32, device=q.device)
+        out = torch.ops.aten._flash_attention_forward(
+            q.transpose(1, 2).reshape(B * n, H, d), kbuf.reshape(B * C, H, d), vbuf.reshape(B * C, H, d),
+            cum_q, cum_k, n, C, 0.0, False, False, seqused_k=lens)[0]
+        return out.reshape(B, n, H, d).transpose(1, 2)
+    raise ValueError(f"no device-length form of {backend}")
 
 
 def manual(q, k, v, mask):
@@ -120,6 +150,11 @@ def run_case(kind: str, n: int, lengths: list[int], cap: int, dtype, device, gar
         return manual(s_q, kbuf, vbuf, pmask)
 
     graph = out_static = None
+    seq_graph = seq_static = None
+    backend = None
+    kbmhk = torch.empty(BATCH, cap, HEADS, HEAD_DIM, device=device, dtype=dtype)
+    vbmhk = torch.empty_like(kbmhk)
+    lens = torch.zeros(BATCH, dtype=torch.int32, device=device)
     rows = []
     for L in lengths:
         k_new, v_new, cache = rnd(BATCH, HEADS, n, HEAD_DIM), rnd(BATCH, HEADS, n, HEAD_DIM), rnd(BATCH, HEADS, L, 2 * HEAD_DIM)
@@ -132,8 +167,11 @@ def run_case(kind: str, n: int, lengths: list[int], cap: int, dtype, device, gar
         pmask[..., :used] = True
         row = {"kind": kind, "n": n, "L": L, "capacity": cap}
         mask = pmask[..., :used]
-        view = (F.scaled_dot_product_attention(q, kbuf[:, :, :used], vbuf[:, :, :used], attn_mask=mask)
-                if kind == "dit" else manual(q, kbuf[:, :, :used], vbuf[:, :, :used], mask))
+        if kind == "dit":
+            view = F.scaled_dot_product_attention(q, kbuf[:, :, :used], vbuf[:, :, :used],
+                                                  attn_mask=mask if STOCK_MASK["mask"] else None)
+        else:
+            view = manual(q, kbuf[:, :, :used], vbuf[:, :, :used], mask)
         got_padded = padded()
         row["view"] = _verdict(view, want)
         row["padded"] = _verdict(got_padded, want)
@@ -151,8 +189,28 @@ def run_case(kind: str, n: int, lengths: list[int], cap: int, dtype, device, gar
             graph.replay()
             torch.cuda.synchronize()
             row["graph"] = _verdict(out_static, want)
-        if kind == "dit" and device.type == "cuda" and L == lengths[0]:
-            row["stock_backend"] = backend_of(q, k_new, v_new, cache, want)
+        if kind == "dit" and device.type == "cuda":
+            if L == lengths[0]:
+                row["stock_backend"] = found = backend_of(q, k_new, v_new, cache, want)
+                backend = next((b for b in found if b in ("EFFICIENT_ATTENTION", "FLASH_ATTENTION")), None)
+            if backend is not None and not STOCK_MASK["mask"]:
+                kbmhk.copy_(kbuf.transpose(1, 2))
+                vbmhk.copy_(vbuf.transpose(1, 2))
+                lens.fill_(used)
+                row["seqlen_backend"] = backend
+                try:
+                    row["seqlen"] = _verdict(seqlen_call(backend, q, kbmhk, vbmhk, lens), want)
+                    if seq_graph is None:
+                        torch.cuda.synchronize()
+                        seq_graph = torch.cuda.CUDAGraph()
+                        with torch.cuda.graph(seq_graph):
+                            seq_static = seqlen_call(backend, s_q, kbmhk, vbmhk, lens)
+                    seq_graph.replay()
+                    torch.cuda.synchronize()
+                    row["seqlen_graph"] = _verdict(seq_static, want)
+                except RuntimeError as e:  # this torch's kernel refuses the form: say so, go on
+                    row["seqlen_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+                    backend = None
         rows.append(row)
     return rows
 
@@ -199,11 +257,14 @@ def main(argv=None) -> int:
     p.add_argument("--lengths", default="0,150,151,333,500,777,1000", help="cache lengths L")
     p.add_argument("--capacity", type=int, default=1100)
     p.add_argument("--garbage", action="store_true", help="random values in the padding, not zeros")
+    p.add_argument("--stock-mask", choices=("none", "ones"), default="none",
+                   help="stock's DiT call: no mask (upstream's eager path) or an all-true boolean mask")
     p.add_argument("--rows", action="store_true", help="also the chunk length: linears and the conv padded")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write the rows here")
     args = p.parse_args(argv)
     torch.use_deterministic_algorithms(True)
+    STOCK_MASK["mask"] = args.stock_mask == "ones"
     device = torch.device(args.device)
     lengths = [int(x) for x in args.lengths.split(",")]
     rows = []
@@ -220,7 +281,7 @@ def main(argv=None) -> int:
             for row in rows_case([int(x) for x in args.chunks.split(",")], dtype, device, args.garbage, args.seed):
                 row["dtype"] = dtype_name
                 rows.append(row)
-    variants = [v for v in ("view", "padded", "graph") if any(v in r for r in rows)]
+    variants = [v for v in ("view", "padded", "graph", "seqlen", "seqlen_graph") if any(v in r for r in rows)]
     summary = {}
     for r in rows:
         key = f"{r['dtype']} {r['kind']}"
@@ -230,13 +291,15 @@ def main(argv=None) -> int:
                 s[v][0] += r[v]["equal"]
                 s[v][1] += 1
     out = {"torch": torch.__version__, "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-           "garbage": args.garbage, "capacity": args.capacity, "summary": {
+           "garbage": args.garbage, "stock_mask": args.stock_mask, "capacity": args.capacity, "summary": {
                k: {v: f"{a}/{b} equal" for v, (a, b) in s.items() if b} for k, s in summary.items()},
            "backends": sorted({(r["dtype"], r["n"], tuple(r["stock_backend"])) for r in rows if "stock_backend" in r}),
            "rows": rows}
     for k, s in out["summary"].items():
         print(k, s)
     print("stock's SDPA equals backend(s):", out["backends"])
+    for e in sorted({r["seqlen_error"] for r in rows if "seqlen_error" in r}):
+        print("seqlen form refused:", e)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
