@@ -66,9 +66,13 @@ def seqlen_call(backend: str, q, kbuf, vbuf, lens):
     B, H, n, d = q.shape
     C = kbuf.shape[1]
     if backend == "EFFICIENT_ATTENTION":
+        # the kernel reads seqlen_k only in its variable-length mode (cu_seqlens given)
+        cum_q = torch.arange(0, (B + 1) * n, n, dtype=torch.int32, device=q.device)
+        cum_k = torch.arange(0, (B + 1) * C, C, dtype=torch.int32, device=q.device)
         out = torch.ops.aten._efficient_attention_forward(
-            q.transpose(1, 2), kbuf, vbuf, None, None, None, n, C, 0.0, 0, False, seqlen_k=lens)[0]
-        return out.transpose(1, 2)
+            q.transpose(1, 2).reshape(1, B * n, H, d), kbuf.reshape(1, B * C, H, d), vbuf.reshape(1, B * C, H, d),
+            None, cum_q, cum_k, n, C, 0.0, 0, False, seqlen_k=lens)[0]
+        return out.reshape(B, n, H, d).transpose(1, 2)
     if backend == "FLASH_ATTENTION":
         cum_q = torch.arange(0, (B + 1) * n, n, dtype=torch.int32, device=q.device)
         cum_k = torch.arange(0, (B + 1) * C, C, dtype=torch.int32, device=q.device)
@@ -233,10 +237,11 @@ def rows_case(chunks: list[int], dtype, device, garbage: bool, seed: int) -> lis
             x = torch.randn((BATCH, n, wide), generator=gen).to(device=device, dtype=dtype)
             xp = pad.clone()
             xp[:, :n] = x
+            cache = torch.randn((BATCH, 2, wide), generator=gen).to(device=device, dtype=dtype)
             with torch.no_grad():
                 if conv:  # (b, c, t): n frames after the 2-frame cache, the padding after them
-                    want = mod(torch.cat([x[:, :2], x], 1).transpose(1, 2))
-                    got = mod(torch.cat([x[:, :2], xp], 1).transpose(1, 2))[..., :n]
+                    want = mod(torch.cat([cache, x], 1).transpose(1, 2))
+                    got = mod(torch.cat([cache, xp], 1).transpose(1, 2))[..., :n]
                 else:
                     want, got = mod(x), mod(xp)[:, :n]
             rows.append({"kind": name, "n": n, "padded_to": top, "padded": _verdict(got, want)})
