@@ -16,6 +16,8 @@ stock call (the cache concatenated) with:
   (the padding zeros, or ``--garbage``: random values, which the mask must hide);
 - ``graph``: ``padded`` captured once in a CUDA graph (at the first length) and replayed
   at every length after refilling its static tensors: one graph for all lengths;
+- (fp16, flash, torch with ``num_splits``) which split counts of flash at the exact length
+  equal stock's call, and which of its variable-length form on the capacity do;
 - ``seqlen`` (the DiT, CUDA): the kernel stock's call ran (``--backend``: the efficient
   kernel, or flash's variable-length form) called on the whole capacity with the key
   count per batch in device memory (``seqlen_k`` / ``seqused_k``): no mask, a launch that
@@ -58,6 +60,43 @@ def stock_dit(q, k_new, v_new, att_cache):
     if STOCK_MASK["mask"]:
         mask = torch.ones(q.shape[0], q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).unsqueeze(1)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+SPLITS = (1, 2, 3, 4, 5, 6, 8, 12, 16)
+
+
+def has_num_splits() -> bool:
+    """Whether this torch's flash forward takes ``num_splits`` (how many parts the keys are cut into)."""
+    return any(a.name == "num_splits" for a in torch.ops.aten._flash_attention_forward.default._schema.arguments)
+
+
+def flash_splits(q, k_new, v_new, att_cache, kbuf, vbuf, lens, want) -> dict:
+    """fp16's question: for each ``num_splits``, does flash at the exact length (stock's form)
+    equal stock's call (which split count its heuristic took), and does the variable-length
+    form on the capacity with the same count equal it."""
+    k_cache, v_cache = att_cache.chunk(2, dim=3)
+    k = torch.cat([k_new, k_cache], dim=2)
+    v = torch.cat([v_new, v_cache], dim=2)
+    B, H, n, d = q.shape
+    C = kbuf.shape[1]
+    cum_q = torch.arange(0, (B + 1) * n, n, dtype=torch.int32, device=q.device)
+    cum_k = torch.arange(0, (B + 1) * C, C, dtype=torch.int32, device=q.device)
+    exact, varlen = [], []
+    for s in SPLITS:
+        out = torch.ops.aten._flash_attention_forward(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, None, n, k.shape[2], 0.0, False, False,
+            num_splits=s)[0].transpose(1, 2)
+        if torch.equal(out, want):
+            exact.append(s)
+        try:
+            out = torch.ops.aten._flash_attention_forward(
+                q.transpose(1, 2).reshape(B * n, H, d), kbuf.reshape(B * C, H, d), vbuf.reshape(B * C, H, d),
+                cum_q, cum_k, n, C, 0.0, False, False, seqused_k=lens, num_splits=s)[0]
+        except RuntimeError:
+            continue
+        if torch.equal(out.reshape(B, n, H, d).transpose(1, 2), want):
+            varlen.append(s)
+    return {"stock_equals_splits": exact, "varlen_equals_splits": varlen}
 
 
 def seqlen_call(backend: str, q, kbuf, vbuf, lens):
@@ -215,6 +254,8 @@ def run_case(kind: str, n: int, lengths: list[int], cap: int, dtype, device, gar
                 except RuntimeError as e:  # this torch's kernel refuses the form: say so, go on
                     row["seqlen_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
                     backend = None
+                if backend == "FLASH_ATTENTION" and has_num_splits():
+                    row.update(flash_splits(q, k_new, v_new, cache, kbmhk, vbmhk, lens, want))
         rows.append(row)
     return rows
 
@@ -303,6 +344,11 @@ def main(argv=None) -> int:
     for k, s in out["summary"].items():
         print(k, s)
     print("stock's SDPA equals backend(s):", out["backends"])
+    split_rows = [r for r in rows if "stock_equals_splits" in r]
+    if split_rows:
+        both = sum(bool(set(r["stock_equals_splits"]) & set(r["varlen_equals_splits"])) for r in split_rows)
+        print(f"flash num_splits: the variable-length form equals stock at a split count stock's own form "
+              f"also matches in {both}/{len(split_rows)} rows")
     for e in sorted({r["seqlen_error"] for r in rows if "seqlen_error" in r}):
         print("seqlen form refused:", e)
     if args.json:
