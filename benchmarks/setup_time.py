@@ -24,7 +24,9 @@ a flush), ``torch.equal`` on every waveform and state tensor and SHA-256 of the 
 garbage collector ran inside its ``ready_s`` (``gc``: full collections' seconds and
 count, and the young generations' seconds), and after it the objects the collector
 tracks (``tracked_objects``: what a full collection walks) and its collections so far
-by generation (``collections``).  Writes ``DIR/setup-<rules>-<steps>.json``.
+by generation (``collections``).  Writes ``DIR/setup-<rules>-<steps>.json`` and prints
+it (``--summary``: a headline and a line per row; ``--summarize REPORT...`` prints that of
+reports already written, running nothing).
 """
 
 from __future__ import annotations
@@ -157,6 +159,29 @@ def _child(args, extra: list[str], env: dict, timeout: int | None = None, tokens
     return out
 
 
+def summary_lines(result: dict) -> list[str]:
+    """A report's headline and one line per row (what a device call's log needs), not its whole JSON."""
+    head = {k: result.get(k) for k in ("first_setup_s", "new_prompt_length_ready_s", "cold_start_cached_s", "exact")}
+    lines = [f"{result.get('rules')} {result.get('n_timesteps')} steps, {result.get('torch')}: {json.dumps(head)}"]
+    for run in ("cold", "warm"):
+        part = result.get(run) or {}
+        if "error" in part:
+            lines.append(f"{run} error: {str(part['error'])[:300]}")
+        for r in part.get("rows", []):
+            split = r.get("split") or {}
+            lines.append(f"{run} {r['prompt_tokens']} tokens: ready {r['ready_s']} s "
+                         + json.dumps({k: split.get(k) for k in ("trace_s", "specialize_s", "passes_s")})
+                         + f" capture {r.get('capture_s')} exact {r.get('exact')}")
+    control = result.get("control") or {}
+    for cache in ("empty_cache", "warm_cache"):
+        part = control.get(cache)
+        if isinstance(part, dict):
+            rows = [(r.get("prompt_tokens"), r.get("ready_s"), r.get("steady_chunk_ms")) for r in part.get("rows", [])]
+            lines.append(f"control {control.get('variant')} {cache} (not exact): (tokens, ready_s, steady_chunk_ms) {rows}"
+                         + (f" error: {str(part['error'])[:200]}" if "error" in part else ""))
+    return lines
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda")
@@ -175,10 +200,19 @@ def main(argv=None) -> int:
     p.add_argument("--profile", default=None, help="cProfile the second length's set-up (cold run) into this file")
     p.add_argument("--gc-freeze", action="store_true",
                    help="gc.freeze() after the first set-up (what a serving process may do after warm-up)")
+    p.add_argument("--summary", action="store_true",
+                   help="print a headline and one line per row instead of the whole report (the file is whole)")
+    p.add_argument("--summarize", nargs="+", default=None, metavar="REPORT",
+                   help="run nothing: print the summary of reports this script wrote")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--cache-dir", default=None, help=argparse.SUPPRESS)
     p.add_argument("--run-control", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.summarize:
+        for f in args.summarize:
+            print(f)
+            print("\n".join(summary_lines(json.loads(Path(f).read_text()))))
+        return 0
     if args.child:
         if args.run_control:
             args.control = args.run_control
@@ -214,7 +248,7 @@ def main(argv=None) -> int:
     out = Path(args.out) / f"setup-{args.rules}-{args.n_timesteps}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps(result, indent=1))
+    print("\n".join(summary_lines(result)) if args.summary else json.dumps(result, indent=1))
     return 0 if result.get("exact") else 1
 
 
