@@ -7,9 +7,10 @@ is the control that does.  This opens sessions of the released Token2Wav tail (r
 in ONE process, on one optimized model: for each prompt length, one session compiles the
 length's programs (not timed), then ``--reps`` pairs of sessions on that prompt, the flag
 off and on in alternating order, each session's ``open_session`` timed to a device sync
-(``capture_s`` from its stats).  Each session then streams the same chunks as a stock tail
-set up on the same prompt: every chunk's waveform and the final state must be bit-equal
-to stock's (``exact``).  It prints medians per variant and their ratio.
+(``capture_s`` from its stats).  Each session then streams the same chunks in lockstep
+with a stock tail set up on the same prompt (``lockstep.compare_streams``, the same seeds):
+every chunk's waveform, PCM and state must be bit-equal to stock's (``exact``).  It prints
+medians per variant and their ratio.
 
     python3 benchmarks/capture_sync_cost.py --n-timesteps 10 --prompt-tokens 150,250 --reps 3
 """
@@ -25,18 +26,8 @@ import torch
 
 import cadence_fx
 from cadence_fx.integrations import stepaudio2 as s2
-from cadence_fx.lockstep import deterministic_protocol, state_mismatches
+from cadence_fx.lockstep import compare_streams, deterministic_protocol
 from cadence_fx.runtime import pools
-
-
-def stock_run(tail, prompt, chunks, seed: int) -> tuple[list[torch.Tensor], dict]:
-    tail.set_stream_cache(*prompt)
-    waves = []
-    for k, (tokens, last) in enumerate(chunks):
-        torch.manual_seed(seed + k)
-        tail.stream(tokens, last_chunk=last)
-        waves.append(tail.last_speech.clone())  # the float waveform (PCM hides most differences)
-    return waves, {k: v.clone() for k, v in tail.state().items()}
 
 
 def main() -> None:
@@ -62,7 +53,6 @@ def main() -> None:
             prompt = s2.synthetic_prompt(tokens, seed=tokens, device=device)
             chunks = s2.synthetic_chunks(args.chunks, seed=tokens, final_tokens=11)
             opt.open_session(*prompt).close()  # this length's programs: compiled here, not timed
-            want, want_state = stock_run(tail, prompt, chunks, seed=1000 * tokens)
             for rep in range(args.reps):
                 order = (False, True) if rep % 2 == 0 else (True, False)
                 for sync_each in order:
@@ -73,13 +63,9 @@ def main() -> None:
                     sync()
                     ready = time.perf_counter() - t0
                     pools.SYNC_EACH_CAPTURE = before
-                    same = True
-                    for k, (toks, last) in enumerate(chunks):
-                        torch.manual_seed(1000 * tokens + k)  # as stock_run's chunk k
-                        session.stream(toks, last_chunk=last)
-                        same &= torch.equal(session.last_speech, want[k])
+                    tail.set_stream_cache(*prompt)
+                    same = compare_streams(tail, session, chunks, device, seed=1000 * tokens)["exact"]
                     stats = session.stats()
-                    same &= not state_mismatches(want_state, session.state())
                     exact &= bool(same)
                     rows.append({"prompt_tokens": tokens, "rep": rep, "sync_each": sync_each,
                                  "ready_s": round(ready, 4),
