@@ -296,3 +296,29 @@ def test_whole_slice_says_a_slice_keeps_all_of_its_input_from_its_args_or_its_in
     graph.output(tuple(cases))
     torch.fx.GraphModule(root, graph)  # the get_attr's tensor is read through the owning module
     assert {n.format_node(): whole_slice(n) for n in cases} == {n.format_node(): v for n, v in cases.items()}
+
+
+def test_state_rewrite_sees_the_arena_through_slices_whole_by_value():
+    """``StateRewrite._is_arena_view``: a next state that is the arena itself through slices
+    that keep all of it (whole by the arena's size, as specialized graphs record ``x[:n]`` at
+    ``n`` = the size) is the state updated in place; one slice short of it is not."""
+    from cadence_fx.passes.state_rewrite import RegionBinding, StateRewrite
+
+    graph = torch.fx.Graph()
+    arena = graph.placeholder("arena")
+    arena.meta["val"] = torch.empty(4, 6)
+    s = torch.ops.aten.slice.Tensor
+    rows = graph.call_function(s, (arena, 0, 0, 4))  # all 4 rows, by value
+    rows.meta["val"] = torch.empty(4, 6)
+    whole = graph.call_function(s, (rows, 1, 0, 6))
+    short = graph.call_function(s, (rows, 1, 0, 5))
+    shorter_rows = graph.call_function(s, (arena, 0, 0, 3))
+    shorter_rows.meta["val"] = torch.empty(3, 6)
+    under_short = graph.call_function(s, (shorter_rows, 1, 0, 6))
+    graph.output((whole, short, under_short))
+    full = RegionBinding("r", (4, 6), "float32", 1, 6, 6, True)
+    grown = RegionBinding("r", (4, 6), "float32", 1, 5, 5, True)
+    assert StateRewrite._is_arena_view(whole, arena, full)
+    assert StateRewrite._is_arena_view(short, arena, grown)  # the region's extent, through a whole slice
+    assert not StateRewrite._is_arena_view(short, arena, full)
+    assert not StateRewrite._is_arena_view(under_short, arena, full)  # 3 of 4 rows: not the arena
