@@ -11,7 +11,9 @@ exact under that padding in fp32 on the H200; this asks the same of the whole Di
 upstream's graph replay against its eager call, ``torch.equal`` on the output, the new
 conv caches and the new attention cache (its first ``n + L`` frames), in one process
 under deterministic algorithms.  fp16 runs both under ``torch.autocast`` as the flow
-does.  A measurement of architecture item 4's premise; nothing in the library runs it.
+does.  ``--time-reps N``: each path's call timed too (median of N, to a device sync): what
+a padded graph would save an eager chunk (one DiT call per flow step).  A measurement of
+architecture item 4's premise; nothing in the library runs it.
 
     CUBLAS_WORKSPACE_CONFIG=:4096:8 python benchmarks/dit_padded_cache.py --device cuda --json out.json
 """
@@ -20,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
+import time
 
 import torch
 
@@ -31,6 +35,8 @@ def main(argv=None) -> int:
     p.add_argument("--dtypes", default="float32,float16")
     p.add_argument("--lengths", default="1,63,64,65,150,257,333,499,500,777,904",
                    help="cache lengths (frames); each chunk size takes those its graph holds")
+    p.add_argument("--time-reps", type=int, default=0,
+                   help="also time each call (both paths, to a device sync): the median of this many")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
@@ -58,13 +64,24 @@ def main(argv=None) -> int:
                         continue
                     inputs = (rnd(2, 80, chunk), rnd(2, 80, chunk), rnd(2), rnd(2, 80), rnd(2, 80, chunk),
                               rnd(16, 2, 1024, 2), rnd(16, 2, 8, L, 128))
-                    outs = {}
+                    outs, ms = {}, {}
                     for mode in ("eager", "graph"):
                         est.use_cuda_graph = mode == "graph"
                         x, cnn, att = est.forward_chunk(*inputs)
                         outs[mode] = (x.clone(), cnn.clone(), att.clone())  # eager: views of the module's buffers
+                        if args.time_reps and device.type == "cuda":
+                            times = []
+                            for _ in range(args.time_reps):  # the call again, to a device sync
+                                torch.cuda.synchronize()
+                                t0 = time.perf_counter()
+                                est.forward_chunk(*inputs)
+                                torch.cuda.synchronize()
+                                times.append((time.perf_counter() - t0) * 1e3)
+                            ms[mode] = round(statistics.median(times), 3)
                     est.use_cuda_graph = False
                     row = {"dtype": dtype_name, "chunk": chunk, "capacity": cap, "L": L}
+                    if ms:
+                        row["ms_p50"] = ms
                     for name, e, g in zip(("x", "cnn_cache", "att_cache"), outs["eager"], outs["graph"]):
                         same = e.shape == g.shape and torch.equal(e, g)
                         row[name] = same if same else float((e.float() - g.float()).abs().max()) if e.shape == g.shape \
