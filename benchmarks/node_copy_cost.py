@@ -1,9 +1,11 @@
 """What copying a graph's nodes costs: ``Graph.node_copy`` against ``passes.base.copy_node``,
 paired in one process on one made-up graph (CPU; much of a new prompt length's host work is
 such copies: specialize's bound copy, partition's pieces, the trace memo, the program cache).
-A made-up graph, not the released model's: on torch 2.11 it copied in 0.31x the time while
-the released model's specialize and passes did not change (``new_length.py``, paired;
-``docs/results``, session thirty-six).  What a length costs is ``new_length.py``'s to say.
+A made-up graph, not the released model's: on the H200 host (torch 2.11) it copied in 0.31x
+the time while the released model's specialize and passes did not change (``new_length.py``,
+paired; ``docs/results``, session thirty-six); on the CPU machine with torch 2.11, 1.26x: the
+host's doing (``node_copy_profile.py``, session thirty-seven).  What a length costs is
+``new_length.py``'s to say.
 
     python benchmarks/node_copy_cost.py [--blocks 120] [--reps 9]
 
