@@ -4,27 +4,29 @@ with the same torch 2.11).
 
     python benchmarks/node_copy_profile.py
 """
-import cProfile, gc, io, pstats, sys, time
-import torch
-sys.argv = ["node_copy_cost.py"]
+import cProfile
+import gc
 import importlib.util
+import io
+import pstats
+import sys
+
+import torch
+
 spec = importlib.util.spec_from_file_location("ncc", "benchmarks/node_copy_cost.py")
-ncc = importlib.util.module_from_spec(spec); spec.loader.exec_module(ncc)
-import torch.fx as fx
-from cadence_fx.passes.base import copy_node
+ncc = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ncc)
 g = ncc.graph_of(600)
 print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.cuda.is_available(),
       "tracked objects", len(gc.get_objects()), "gc thresholds", gc.get_threshold(), flush=True)
-def by_node_copy():
-    out = fx.Graph(); env = {}
-    for n in g.nodes:
-        env[n] = out.node_copy(n, lambda a: env[a])
-def by_copy_node():
-    out = fx.Graph(); env = {}
-    for n in g.nodes:
-        env[n] = copy_node(out, n, lambda a: env[a])
-for f in (by_node_copy, by_copy_node, by_node_copy, by_copy_node):
-    t0 = time.perf_counter(); f(); print(f.__name__, round(time.perf_counter() - t0, 4), flush=True)
-for f in (by_node_copy, by_copy_node):
-    pr = cProfile.Profile(); pr.enable(); f(); pr.disable()
-    s = io.StringIO(); pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(12); print(f.__name__); print(s.getvalue()[:3500])
+for name in ("node_copy", "copy_node", "node_copy", "copy_node"):
+    print(f"by_{name}", round(ncc.copy_with(g, ncc.WAYS[name])[0], 4), flush=True)
+for name in ("node_copy", "copy_node"):
+    pr = cProfile.Profile()
+    pr.enable()
+    ncc.copy_with(g, ncc.WAYS[name])
+    pr.disable()
+    s = io.StringIO()
+    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(12)
+    print(f"by_{name}")
+    print(s.getvalue()[:3500])
