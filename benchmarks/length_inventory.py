@@ -39,14 +39,9 @@ ATTENTION_OPS = {"scaled_dot_product_attention", "_scaled_dot_product_efficient_
 
 
 def _carries(v) -> bool:
-    """Whether a node's recorded value (``step.SYM``) has a free symbol in it."""
-    from cadence_fx.passes.trace_symbolic import SymTensor
-    if isinstance(v, SymTensor):
-        return any(not isinstance(x, int) and getattr(x, "free_symbols", None)
-                   for x in (*v.shape, *v.stride, v.offset))
-    if isinstance(v, (list, tuple)):
-        return any(_carries(x) for x in v)
-    return bool(getattr(v, "free_symbols", None))
+    """Whether a node's recorded value (``step.SYM``) has a free symbol in it (``trace_symbolic``'s own reading)."""
+    from cadence_fx.passes.trace_symbolic import _free_symbols
+    return bool(_free_symbols(v))
 
 
 def classify(gm) -> dict:
