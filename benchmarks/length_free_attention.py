@@ -51,11 +51,15 @@ HEADS, HEAD_DIM, BATCH = 8, 64, 2  # the released DiT's attention (att_cache (16
 STOCK_MASK = {"mask": False}  # --stock-mask ones: True
 
 
+def dit_keys(k_new, v_new, att_cache):
+    """The DiT's keys and values as upstream concatenates them: new first, then the cache."""
+    k_cache, v_cache = att_cache.chunk(2, dim=3)
+    return torch.cat([k_new, k_cache], dim=2), torch.cat([v_new, v_cache], dim=2)
+
+
 def stock_dit(q, k_new, v_new, att_cache):
     """upstream's DiT ``Attention.forward_chunk`` from the heads on: new keys first."""
-    k_cache, v_cache = att_cache.chunk(2, dim=3)
-    k = torch.cat([k_new, k_cache], dim=2)
-    v = torch.cat([v_new, v_cache], dim=2)
+    k, v = dit_keys(k_new, v_new, att_cache)
     mask = None
     if STOCK_MASK["mask"]:
         mask = torch.ones(q.shape[0], q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).unsqueeze(1)
@@ -74,13 +78,8 @@ def flash_splits(q, k_new, v_new, att_cache, kbuf, vbuf, lens, want) -> dict:
     """fp16's question: for each ``num_splits``, does flash at the exact length (stock's form)
     equal stock's call (which split count its heuristic took), and does the variable-length
     form on the capacity with the same count equal it."""
-    k_cache, v_cache = att_cache.chunk(2, dim=3)
-    k = torch.cat([k_new, k_cache], dim=2)
-    v = torch.cat([v_new, v_cache], dim=2)
-    B, H, n, d = q.shape
-    C = kbuf.shape[1]
-    cum_q = torch.arange(0, (B + 1) * n, n, dtype=torch.int32, device=q.device)
-    cum_k = torch.arange(0, (B + 1) * C, C, dtype=torch.int32, device=q.device)
+    k, v = dit_keys(k_new, v_new, att_cache)
+    n = q.shape[2]
     exact, varlen = [], []
     for s in SPLITS:
         out = torch.ops.aten._flash_attention_forward(
@@ -89,37 +88,32 @@ def flash_splits(q, k_new, v_new, att_cache, kbuf, vbuf, lens, want) -> dict:
         if torch.equal(out, want):
             exact.append(s)
         try:
-            out = torch.ops.aten._flash_attention_forward(
-                q.transpose(1, 2).reshape(B * n, H, d), kbuf.reshape(B * C, H, d), vbuf.reshape(B * C, H, d),
-                cum_q, cum_k, n, C, 0.0, False, False, seqused_k=lens, num_splits=s)[0]
+            out = seqlen_call("FLASH_ATTENTION", q, kbuf, vbuf, lens, num_splits=s)
         except RuntimeError:
             continue
-        if torch.equal(out.reshape(B, n, H, d).transpose(1, 2), want):
+        if torch.equal(out, want):
             varlen.append(s)
     return {"stock_equals_splits": exact, "varlen_equals_splits": varlen}
 
 
-def seqlen_call(backend: str, q, kbuf, vbuf, lens):
+def seqlen_call(backend: str, q, kbuf, vbuf, lens, **flash_kw):
     """The DiT's attention over the first ``lens[b]`` keys of capacity buffers, the count
-    read on the device: ``q`` (B, H, n, d), ``kbuf``/``vbuf`` (B, C, H, d), ``lens`` int32 (B,)."""
+    read on the device: ``q`` (B, H, n, d), ``kbuf``/``vbuf`` (B, C, H, d), ``lens`` int32 (B,).
+    Both kernels read the count only in their variable-length mode (cumulative offsets given)."""
+    if backend not in ("EFFICIENT_ATTENTION", "FLASH_ATTENTION"):
+        raise ValueError(f"no device-length form of {backend}")
     B, H, n, d = q.shape
     C = kbuf.shape[1]
+    cum_q = torch.arange(0, (B + 1) * n, n, dtype=torch.int32, device=q.device)
+    cum_k = torch.arange(0, (B + 1) * C, C, dtype=torch.int32, device=q.device)
+    qs, ks, vs = q.transpose(1, 2).reshape(B * n, H, d), kbuf.reshape(B * C, H, d), vbuf.reshape(B * C, H, d)
     if backend == "EFFICIENT_ATTENTION":
-        # the kernel reads seqlen_k only in its variable-length mode (cu_seqlens given)
-        cum_q = torch.arange(0, (B + 1) * n, n, dtype=torch.int32, device=q.device)
-        cum_k = torch.arange(0, (B + 1) * C, C, dtype=torch.int32, device=q.device)
         out = torch.ops.aten._efficient_attention_forward(
-            q.transpose(1, 2).reshape(1, B * n, H, d), kbuf.reshape(1, B * C, H, d), vbuf.reshape(1, B * C, H, d),
-            None, cum_q, cum_k, n, C, 0.0, 0, False, seqlen_k=lens)[0]
-        return out.reshape(B, n, H, d).transpose(1, 2)
-    if backend == "FLASH_ATTENTION":
-        cum_q = torch.arange(0, (B + 1) * n, n, dtype=torch.int32, device=q.device)
-        cum_k = torch.arange(0, (B + 1) * C, C, dtype=torch.int32, device=q.device)
+            qs[None], ks[None], vs[None], None, cum_q, cum_k, n, C, 0.0, 0, False, seqlen_k=lens)[0]
+    else:
         out = torch.ops.aten._flash_attention_forward(
-            q.transpose(1, 2).reshape(B * n, H, d), kbuf.reshape(B * C, H, d), vbuf.reshape(B * C, H, d),
-            cum_q, cum_k, n, C, 0.0, False, False, seqused_k=lens)[0]
-        return out.reshape(B, n, H, d).transpose(1, 2)
-    raise ValueError(f"no device-length form of {backend}")
+            qs, ks, vs, cum_q, cum_k, n, C, 0.0, False, False, seqused_k=lens, **flash_kw)[0]
+    return out.reshape(B, n, H, d).transpose(1, 2)
 
 
 def manual(q, k, v, mask):
