@@ -1,0 +1,257 @@
+"""capacity: a symbolic step -> ONE graph for every value of its dims, its sizes held at a capacity.
+
+``specialize`` makes a symbolic step (``trace_symbolic``) concrete at each value of its
+dims, so every prompt length has graphs of its own (a new voice: a specialization and a
+capture).  Here the step is rewritten once, at a capacity ``C`` of each dim: every
+tensor whose size carries a symbol is held at its size at ``C`` (a *padded* value), its
+live part a prefix, on each symbolic dim, of its size at the stream's value ``s``; what
+lies past it is never read as a result.  The graph takes each dim twice: ``dim_<d>``, a
+host int (``s``), and ``len_<d>``, the same value as a device int64 scalar.
+
+Each node that touches a symbol runs one of two ways (``capacity_plan``'s rules decide;
+``CapacityPlan`` says which and why):
+
+- **capacity**: the node as the step at ``C`` would run it, where that gives the live
+  prefix exactly: views that keep each symbolic dim whole and in place, pointwise ops
+  whose operands line up on those dims, factories, ``cat``/``stack`` (a ``cat`` that puts
+  something after a padded part writes it at a device offset, ``offset_cat``), ``copy_``
+  into a padded destination (a write that keeps the destination's own values past the
+  live prefix, ``masked_copy``: nothing of another value is overwritten), and, where the
+  caller found it exact on its device and dtype, attention over padded keys
+  (``masked_attention``).  These read no host size: a CUDA graph of them serves every ``s``.
+- **exact**: anything else that reads a padded dim (a reduction over it, a view that
+  moves it, an argument computed from ``s``): the node runs as ``specialize`` would make
+  it, on views of the live prefixes (``narrow`` at host sizes), so its bits are the
+  step's own.  Runs of these are the *islands*: eager, between graphs.
+
+Nothing is guessed: an op with no rule here runs exact.  Sizes are sympy expressions
+over the symbols; a host size is computed by ``host_size`` and a device one by
+``device_size``, each from the expression's Python text (checked against sympy when
+the plan is made).  ``check_dims`` refuses a value of a dim past the capacity, one
+whose extents would not fit, and one outside the step's guards.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Mapping
+
+import torch
+import torch.fx as fx
+
+from .. import step as meta
+from ..step import Role
+from .capacity_ops import device_size, host_size, masked_attention, masked_copy, offset_cat, to_capacity
+from .capacity_plan import (_ASSERTS, _MODE, _OF, CAPACITY, DEVICE, EXACT, CapacityPlan, CapacityRefused, _binding,
+                            _name, _padded, _plan, _symbolic, _Walk, check_dims, plan_capacity)
+from .specialize import _value, module_without_code
+from .trace_symbolic import SymbolicStep, SymTensor
+
+__all__ = ["CapacityPlan", "CapacityRefused", "capacity_form", "check_dims", "check_shapes", "plan_capacity"]
+aten = torch.ops.aten
+
+
+def capacity_form(sym: SymbolicStep, capacity: Mapping[str, int],
+                  masked_attention: bool = False) -> tuple[fx.GraphModule, CapacityPlan]:
+    """``sym`` rewritten to run at every value of its dims up to ``capacity`` (see the
+    module doc), and its plan.  The graph takes ``dim_<d>`` (host ints), ``len_<d>``
+    (device int64 scalars), then ``sym``'s inputs, state and buffers (``buf_*`` stay
+    placeholders), each padded one at its size at the capacity, its live part a prefix;
+    it returns ``sym``'s outputs so, padded ones at the capacity.  Call ``check_dims``
+    before running it at new dims."""
+    plan, walk = _plan(sym, capacity, masked_attention)
+    gm = _Emit(sym, walk, plan).module()
+    check_shapes(gm, sym, plan)
+    return gm, plan
+
+
+def check_shapes(gm: fx.GraphModule, sym: SymbolicStep, plan: CapacityPlan) -> None:
+    """The rewrite's postcondition: run on fake tensors at the capacity (``FakeTensorProp``),
+    every node made from a node of ``sym`` has that node's shape at the capacity (a slice
+    clamped, a view that moved a dim: ``CapacityRefused``, never a wrong graph)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+    binding = _binding(sym, plan.capacity)
+    device = meta.traced_device(sym.gm)
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    args = [int(plan.capacity[d]) for d in sym.dims]
+    with mode:
+        args += [torch.tensor(int(plan.capacity[d]), device=device) for d in sym.dims]
+        args += [torch.empty([_value(x, binding, "a size") for x in p.shape], dtype=p.dtype, device=device)
+                 for p in sym.placeholders if not p.name.startswith("dim_")]
+    want = {n.name: n.meta.get(meta.SYM) for n in sym.gm.graph.nodes}
+
+    def recorded(v):  # a static node's value, as the trace recorded it (no symbol in it)
+        if isinstance(v, SymTensor):
+            return torch.empty_strided(v.shape, v.stride, dtype=v.dtype, device=v.device)
+        return type(v)(recorded(x) for x in v) if isinstance(v, (list, tuple)) else v
+
+    class Prop(FakeTensorProp):
+        def run_node(self, n):  # static nodes are not run: what the trace recorded is their value
+            if n.meta.get(_MODE) != "static":
+                return super().run_node(n)
+            with mode:
+                n.meta["val"] = value = recorded(want[n.meta[_OF]])
+            return value
+    Prop(gm, mode).propagate(*args)
+
+    def shapes(v):
+        if isinstance(v, SymTensor):
+            return tuple(_value(x, binding, "a size") for x in v.shape)
+        if isinstance(v, torch.Tensor):
+            return tuple(v.shape)
+        if isinstance(v, (list, tuple)):
+            return tuple(shapes(x) for x in v)
+        return None
+    for node in gm.graph.nodes:
+        src = node.meta.get(_OF)
+        if src is None:
+            continue
+        expected, got = shapes(want[src]), shapes(node.meta.get("val"))
+        if expected != got:
+            raise CapacityRefused(f"{src} ({node.meta.get(_MODE)}) is {got} at the capacity, not {expected}")
+
+
+class _Emit:
+    """The capacity graph, node by node as ``_Walk`` decided."""
+
+    def __init__(self, sym: SymbolicStep, walk: _Walk, plan: CapacityPlan):
+        self.sym, self.walk, self.g = sym, walk, fx.Graph()
+        self.names = tuple(str(sym.symbols[d]) for d in sym.dims)
+        self.at_capacity = _binding(sym, plan.capacity)
+        self.cap_env: dict = {}
+        self.exact_env: dict = {}
+        self.memo: dict = {}
+        self.host = [self.g.placeholder(f"dim_{d}") for d in sym.dims]
+        for h, d in zip(self.host, sym.dims):
+            meta.tag(h, Role.DIM, name=d)
+        self.dev = [self.g.placeholder(f"len_{d}") for d in sym.dims]
+        for node in sym.gm.graph.nodes:
+            self._emit(node)
+
+    def module(self) -> fx.GraphModule:
+        gm = module_without_code(self.sym.gm, self.g)
+        gm.meta[meta.SIGNATURE] = meta.signature(self.sym.gm)
+        gm.meta[meta.DEVICE] = meta.traced_device(self.sym.gm)
+        self.g.lint()
+        gm.recompile()
+        return gm
+
+    # sizes
+    def size(self, e, form: str):
+        if not _symbolic(e):
+            return _value(e, {}, "a size")
+        if form == CAPACITY:
+            return _value(e, self.at_capacity, "a size")
+        key = (form, str(e))
+        if key not in self.memo:
+            fn, at = (host_size, self.host) if form == EXACT else (device_size, self.dev)
+            self.memo[key] = self.g.call_function(fn, (str(e), self.names, *at))
+        return self.memo[key]
+
+    def exact_of(self, a: fx.Node):
+        if a not in self.exact_env:  # a padded value held at the capacity only: its live prefix
+            x = self.cap_env[a]
+            for d, e in sorted(_padded(a.meta.get(meta.SYM)).items()):
+                x = self.g.call_function(aten.narrow.default, (x, d, 0, self.size(e, EXACT)))
+            self.exact_env[a] = x
+        return self.exact_env[a]
+
+    def args(self, node: fx.Node, form: str):
+        def f(a):
+            if a in self.walk.scalar:
+                e = self.walk.scalar[a]
+                if e is None:
+                    raise CapacityRefused(f"{node.name} reads a dims marker")
+                return self.size(e, form)
+            return self.exact_of(a) if form == EXACT else self.cap_env[a]
+        return fx.node.map_arg(node.args, f), fx.node.map_arg(node.kwargs, f)
+
+    def call(self, node: fx.Node, target, args, kwargs=None, mode: str = "") -> fx.Node:
+        new = self.g.call_function(target, tuple(args), dict(kwargs or {}))
+        new.meta.update({k: v for k, v in node.meta.items() if k not in (meta.SYM, "val", "tensor_meta")})
+        new.meta[_MODE], new.meta[_OF] = mode, node.name
+        return new
+
+    def _emit(self, node: fx.Node) -> None:
+        w, v = self.walk, node.meta.get(meta.SYM)
+        if node in w.scalar or (node.op == "call_function" and node.target in _ASSERTS):
+            return
+        if node.op == "placeholder":
+            new = self.g.placeholder(node.name)
+            new.meta.update({k: v for k, v in node.meta.items() if k != meta.SYM})
+            self.cap_env[node] = new
+            if not _padded(v):
+                self.exact_env[node] = new
+            return
+        if node.op == "output":
+            outs = []
+            for a in node.args[0]:
+                if not _padded(a.meta.get(meta.SYM)):
+                    outs.append(self.exact_of(a))
+                elif a in self.cap_env:
+                    outs.append(self.cap_env[a])
+                else:
+                    shape = [self.size(e, CAPACITY) for e in a.meta[meta.SYM].shape]
+                    outs.append(self.g.call_function(to_capacity, (self.exact_env[a], shape)))
+            self.g.output(tuple(outs))
+            return
+        if node.op == "get_attr" or node not in w.mode:  # static: one form
+            if node.op == "get_attr":
+                new = self.g.get_attr(node.target)
+                new.meta.update(node.meta)
+            else:
+                args, kwargs = self.args(node, EXACT)
+                new = self.call(node, node.target, args, kwargs, "static")
+            self.cap_env[node] = self.exact_env[node] = new
+            return
+        mode, how = w.mode[node]
+        if node.target is operator.getitem:
+            src, i = node.args
+            if src in self.cap_env:
+                self.cap_env[node] = self.call(node, operator.getitem, (self.cap_env[src], i), mode=CAPACITY)
+            if src in self.exact_env:
+                self.exact_env[node] = self.call(node, operator.getitem, (self.exact_env[src], i), mode=EXACT)
+            elif not _padded(v):
+                self.exact_env[node] = self.cap_env[node]
+            return
+        if mode == EXACT:
+            args, kwargs = self.args(node, EXACT)
+            new = self.exact_env[node] = self.call(node, node.target, args, kwargs, EXACT)
+            if not _padded(v) and not isinstance(v, list):
+                self.cap_env[node] = new
+            return
+        new = self.cap_env[node] = self._capacity_node(node, how, v)
+        if not _padded(v) and not isinstance(v, list):
+            self.exact_env[node] = new
+
+    def _capacity_node(self, node: fx.Node, how: str, v) -> fx.Node:
+        args, kwargs = self.args(node, CAPACITY)
+        kwargs = dict(kwargs)
+        if how == "slice":
+            src = node.args[0].meta[meta.SYM]
+            rest = list(args[1:]) + [None] * 4
+            d = kwargs.pop("dim", rest[0] if rest[0] is not None else 0) % len(src.shape)
+            start = kwargs.pop("start", rest[1]) or 0
+            step = kwargs.pop("step", (rest[3] if _name(node) == "slice" else 1) or 1)
+            kwargs.pop("end", None); kwargs.pop("length", None)
+            size = self.size(v.shape[d], CAPACITY)
+            return self.call(node, aten.slice.Tensor, (args[0], d, start, start + step * size, step), mode=how)
+        if how == "offset cat":
+            parts = node.args[0]
+            d = (node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)) % len(v.shape)
+            offsets, total = [], 0
+            for p in parts:
+                offsets.append(self.size(total, DEVICE) if _symbolic(total) else int(total))
+                total = total + p.meta[meta.SYM].shape[d]
+            return self.call(node, offset_cat, (list(args[0]), d, offsets), mode=how)
+        if how == "masked write":
+            dst = node.args[0].meta[meta.SYM]
+            dims = tuple(sorted(_padded(dst)))
+            lengths = [self.size(_padded(dst)[d], DEVICE) for d in dims]
+            return self.call(node, masked_copy, (args[0], args[1], dims, *lengths), mode=how)
+        if how == "masked attention":
+            k = node.args[1].meta[meta.SYM]
+            length = self.size(k.shape[len(k.shape) - 2], DEVICE)
+            return self.call(node, masked_attention, (args[0], args[1], args[2], length), kwargs, mode=how)
+        return self.call(node, node.target, args, kwargs, how)

@@ -1,0 +1,80 @@
+"""The functions a capacity-form graph calls (``passes.capacity``), kept apart from the rewrite.
+
+Each is plain torch: sizes from an expression's Python text (on host ints, or device
+scalars, so a CUDA graph of the callers reads no host size), and the three ops whose
+capacity form differs from the step's own: a ``cat`` after a padded part, a write into a
+padded destination, and attention over padded keys.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Mapping, Sequence
+
+import torch
+
+
+@functools.lru_cache(maxsize=None)
+def _code(text: str):
+    return compile(text, "<size>", "eval")
+
+
+def host_size(text: str, names: tuple, *values: int) -> int:
+    """The size ``text`` (a Python expression over ``names``) at host ints ``values``."""
+    return int(eval(_code(text), {"__builtins__": {}}, dict(zip(names, values))))
+
+
+def device_size(text: str, names: tuple, *values: torch.Tensor) -> torch.Tensor:
+    """The size ``text`` at device int64 scalars ``values`` (``//``, ``+``, ``*``, ``-``: device ops)."""
+    return eval(_code(text), {"__builtins__": {}}, dict(zip(names, values)))
+
+
+def _live_mask(shape: Sequence[int], dims: Mapping[int, torch.Tensor], device) -> torch.Tensor:
+    """A bool tensor broadcastable to ``shape``: true inside the live prefix on each of ``dims``."""
+    mask = None
+    for d, n in dims.items():
+        size = [1] * len(shape)
+        size[d] = shape[d]
+        m = (torch.arange(shape[d], device=device) < n).view(size)
+        mask = m if mask is None else mask & m
+    return mask
+
+
+def offset_cat(parts: Sequence[torch.Tensor], dim: int, offsets: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``cat`` along a padded ``dim``: part ``i`` (whole, at capacity) written from device
+    offset ``offsets[i]`` (the live sizes before it), in order, so each part's live prefix
+    follows the one before it; zeros past the last live frame."""
+    shape = list(parts[0].shape)
+    shape[dim] = sum(p.shape[dim] for p in parts)
+    dtype = functools.reduce(torch.promote_types, (p.dtype for p in parts))  # as cat promotes
+    out = parts[0].new_zeros(shape, dtype=dtype)
+    for p, off in zip(parts, offsets):
+        index = torch.arange(p.shape[dim], device=p.device) + off
+        out.index_copy_(dim, index, p.to(dtype))
+    return out
+
+
+def masked_copy(dst: torch.Tensor, src: torch.Tensor, dims: tuple, *lengths: torch.Tensor) -> torch.Tensor:
+    """``dst.copy_(src)`` inside ``dst``'s live prefix on ``dims`` (device lengths); past it
+    ``dst`` keeps its own values (a select, bit for bit)."""
+    mask = _live_mask(dst.shape, dict(zip(dims, lengths)), dst.device)
+    return dst.copy_(torch.where(mask, src, dst))
+
+
+def masked_attention(q, k, v, length: torch.Tensor, *args, **kwargs):
+    """``scaled_dot_product_attention`` over keys padded on dim -2, live below ``length``:
+    the padding is zeroed (it may hold anything) and masked out."""
+    live = torch.arange(k.shape[-2], device=k.device) < length
+    keep = live.view(-1, 1)
+    k, v = torch.where(keep, k, torch.zeros((), dtype=k.dtype, device=k.device)), \
+        torch.where(keep, v, torch.zeros((), dtype=v.dtype, device=v.device))
+    # the mask as benchmarks/length_free_attention.py measured it exact: [batch, 1, queries, keys]
+    mask = live.view(1, 1, 1, -1).expand(q.shape[0], 1, q.shape[-2], -1).contiguous()
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, mask, *args, **kwargs)
+
+
+def to_capacity(x: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+    """``x`` (exact sizes) as a padded value of ``shape``: its values in the prefix, zeros past it."""
+    out = x.new_zeros(shape)
+    out[tuple(slice(0, n) for n in x.shape)].copy_(x)
+    return out

@@ -1,0 +1,8 @@
+# CPU (this machine: 2 cores), torch 2.13.0+cpu, branch capacity-form, library as committed with this folder.
+# Each entry the released Token2Wav (seed 0) builds for a 75-token prompt, rewritten once at
+# a capacity of 500 prompt frames (passes/capacity.py), run at each length against specialize.
+OMP_NUM_THREADS=1 CADENCE_FX_CACHE_DIR=$(mktemp -d) python benchmarks/capacity_form.py --n-timesteps 5 \
+    --prompt-frames 100,150,222,376,500 --json exact-5steps.json
+# the same with attention over padded keys masked (what a GPU build may choose where its probe finds it exact):
+OMP_NUM_THREADS=1 CADENCE_FX_CACHE_DIR=$(mktemp -d) python benchmarks/capacity_form.py --n-timesteps 2 \
+    --prompt-frames 150,500 --masked-attention --json masked-2steps.json

@@ -1,0 +1,260 @@
+"""passes.capacity: one graph for every prompt length, its sizes held at a capacity.
+
+Each symbolic step is rewritten once at a capacity and run at several prompt lengths
+against the graph ``specialize`` makes at each, on the same inputs, state and buffers;
+the padding past every live prefix holds NaN or another value, which must never reach a
+result (``torch.equal`` on every output's and buffer's live part).  The toy steps pin the
+plan and the graph; the mini Token2Wav's entries (upstream's own classes) run the rewrite
+on a real decoder's programs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from expecttest import TestCase
+
+from cadence_fx.errors import SpecializationRefused
+from cadence_fx.passes import capacity as cap
+from cadence_fx.passes.capacity_ops import masked_attention
+from cadence_fx.passes.specialize import _value, specialize
+from cadence_fx.passes.trace_symbolic import trace_symbolic
+from cadence_fx.step import StepSignature
+from helpers.trace_forms import WHOLE_SLICES_TRACED
+
+F32 = torch.float32
+CPU = torch.device("cpu")
+FILLS = (float("nan"), 3.0)
+
+
+def pad(t: torch.Tensor, shape, fill: float) -> torch.Tensor:
+    out = torch.full(tuple(shape), fill, dtype=t.dtype) if t.is_floating_point() else torch.zeros(tuple(shape), dtype=t.dtype)
+    out[tuple(slice(0, n) for n in t.shape)] = t
+    return out
+
+
+def live(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return t[tuple(slice(0, n) for n in like.shape)]
+
+
+def run_both(sym, gm, plan, dim: str, s: int, fill: float, seed: int = 0):
+    """(specialize's outputs, the capacity graph's, buffers each left) on the same random
+    tensors at ``s``; the capacity graph's padding holds ``fill``."""
+    binding = cap._binding(sym, {dim: s})
+    at_cap = cap._binding(sym, plan.capacity)
+    g = torch.Generator().manual_seed(seed * 1000 + s)
+    exact, padded = {}, {}
+    for p in sym.placeholders:
+        if p.name.startswith("dim_"):
+            continue
+        shape = [_value(x, binding, "a size") for x in p.shape]
+        t = (torch.randn(shape, generator=g) * 0.5).to(p.dtype) if p.dtype.is_floating_point else \
+            torch.randint(0, 100, shape, generator=g).to(p.dtype)
+        exact[p.name] = t
+        padded[p.name] = pad(t, [_value(x, at_cap, "a size") for x in p.shape], fill)
+    buffers = {n[4:]: t.clone() for n, t in exact.items() if n.startswith("buf_")}
+    tensors = {n: t for n, t in exact.items() if not n.startswith("buf_")}
+    with torch.no_grad():
+        torch.manual_seed(seed)
+        want = specialize(sym, {dim: s}, tensors, buffers)(*tensors.values())
+        torch.manual_seed(seed)
+        got = gm(s, torch.tensor(s), *padded.values())
+    return want, got, buffers, {n[4:]: t for n, t in padded.items() if n.startswith("buf_")}
+
+
+def assert_exact(sym, gm, plan, dim, s, fill, seed=0):
+    cap.check_dims(plan, sym, {dim: s})
+    want, got, bufs, cap_bufs = run_both(sym, gm, plan, dim, s, fill, seed)
+    assert len(want) == len(got)
+    for i, (a, b) in enumerate(zip(want, got)):
+        assert torch.equal(a, live(b, a)), f"output {i} at {dim}={s}, padding {fill}"
+    for r, t in bufs.items():  # written inside its live box, the rest as it was
+        assert torch.equal(t, live(cap_bufs[r], t)), f"buffer {r} at {dim}={s}, padding {fill}"
+
+
+# ---------------------------------------------------------------- a growing cache, trimmed, written to a buffer
+
+SIG = StepSignature(inputs=("x",), regions=("cache",), outputs=("y",))
+
+
+def bind_cache(buffers, dims=None):
+    prompt, buf = dims["prompt"], buffers["buf"]
+
+    def step(inputs, state):
+        cache = torch.cat([state["cache"], inputs["x"]], dim=1)
+        if cache.shape[1] > 8:
+            cache = torch.cat([cache[:, :prompt], cache[:, -4:]], dim=1)
+        n = cache.shape[1]
+        buf[:, :n].copy_(cache)
+        return {"y": buf[:, :n] * 2}, {"cache": cache}
+    return step
+
+
+def cache_step():
+    return trace_symbolic(bind_cache, SIG, {"prompt": 6}, {"x": ((1, 2), F32)}, {"cache": ((1, ("prompt", 1, 3)), F32)},
+                          {"buf": ((1, ("prompt", 1, 10)), F32, ("buf",))}, CPU)
+
+
+# ---------------------------------------------------------------- attention over a cache
+
+SIG_ATT = StepSignature(inputs=("q", "kv"), regions=("k", "v"), outputs=("y", "z", "flat", "scaled"))
+
+
+def bind_attention(buffers, dims=None):
+    def step(inputs, state):
+        k = torch.cat([state["k"], inputs["kv"]], dim=2)  # new frames after the cache: an offset write
+        v = torch.cat([inputs["kv"] * 2, state["v"]], dim=2)  # newest first: a plain cat
+        y = F.scaled_dot_product_attention(inputs["q"], k, v)  # over the padded keys
+        scores = torch.softmax(inputs["q"] @ k.transpose(-1, -2) / 4, dim=-1)  # reduces over them: exact
+        z = (scores @ v).transpose(1, 2).reshape(1, 3, 8)
+        heads = (k * 0.5).transpose(1, 2).reshape(1, k.shape[2], 8)  # keeps the padded dim whole
+        flat = k.reshape(1, -1)  # merges it with the heads and channels around it: exact
+        return ({"y": y, "z": z, "flat": flat, "scaled": heads * k.shape[2]},  # a size as a value: exact
+                {"k": k, "v": v})
+    return step
+
+
+def attention_step():
+    kv = ((1, 2, ("prompt", 1, 1), 4), F32)
+    return trace_symbolic(bind_attention, SIG_ATT, {"prompt": 6}, {"q": ((1, 2, 3, 4), F32), "kv": ((1, 2, 3, 4), F32)},
+                          {"k": kv, "v": kv}, {}, CPU)
+
+
+class TestCapacityForm(TestCase):
+    def test_cache_step_pinned_and_exact_at_every_prompt_its_guards_admit(self):
+        sym = cache_step()
+        gm, plan = cap.capacity_form(sym, {"prompt": 40})
+        if WHOLE_SLICES_TRACED:  # torch 2.5 records the whole slices too: each a capacity view
+            self.assertExpectedInline(plan.explain(), """\
+capacity form: prompt <= 40; attention over padded keys: exact
+  capacity: 11 nodes (masked write 1, offset cat 2, pointwise 1, slice 3, view 4)
+  exact: 1 nodes (slices a padded dim from a symbolic start 1)
+  islands: 1, largest 1 nodes""")
+        else:
+            self.assertExpectedInline(plan.explain(), """\
+capacity form: prompt <= 40; attention over padded keys: exact
+  capacity: 7 nodes (masked write 1, offset cat 2, pointwise 1, slice 3)
+  exact: 1 nodes (slices a padded dim from a symbolic start 1)
+  islands: 1, largest 1 nodes""")
+        # the graph, its symbol named as this torch names it: the cache grows at a device
+        # offset, the trim's tail is an island (a host size), the buffer write is masked
+        code = gm.code.strip().replace(str(sym.symbols["prompt"]), "s")
+        if not WHOLE_SLICES_TRACED:
+            self.assertExpectedInline(code, """\
+def forward(self, dim_prompt, len_prompt, in_x, state_cache, buf_buf):
+    device_size = cadence_fx_passes_capacity_ops_device_size('s + 3', ('s',), len_prompt)
+    offset_cat = cadence_fx_passes_capacity_ops_offset_cat([state_cache, in_x], 1, [0, device_size]);  state_cache = in_x = device_size = None
+    slice_tensor = torch.ops.aten.slice.Tensor(offset_cat, 1, 0, 40, 1)
+    host_size = cadence_fx_passes_capacity_ops_host_size('s + 5', ('s',), dim_prompt);  dim_prompt = None
+    narrow_default = torch.ops.aten.narrow.default(offset_cat, 1, 0, host_size);  offset_cat = host_size = None
+    slice_tensor_1 = torch.ops.aten.slice.Tensor(narrow_default, 1, -4, 9223372036854775807);  narrow_default = None
+    device_size_1 = cadence_fx_passes_capacity_ops_device_size('s', ('s',), len_prompt)
+    offset_cat_1 = cadence_fx_passes_capacity_ops_offset_cat([slice_tensor, slice_tensor_1], 1, [0, device_size_1]);  slice_tensor = slice_tensor_1 = device_size_1 = None
+    slice_tensor_2 = torch.ops.aten.slice.Tensor(buf_buf, 1, 0, 44, 1)
+    device_size_2 = cadence_fx_passes_capacity_ops_device_size('s + 4', ('s',), len_prompt);  len_prompt = None
+    masked_copy = cadence_fx_passes_capacity_ops_masked_copy(slice_tensor_2, offset_cat_1, (1,), device_size_2);  slice_tensor_2 = device_size_2 = masked_copy = None
+    slice_tensor_3 = torch.ops.aten.slice.Tensor(buf_buf, 1, 0, 44, 1);  buf_buf = None
+    mul_tensor = torch.ops.aten.mul.Tensor(slice_tensor_3, 2);  slice_tensor_3 = None
+    return (mul_tensor, offset_cat_1)""")
+        else:
+            self.assertExpectedInline(code, """\
+def forward(self, dim_prompt, len_prompt, in_x, state_cache, buf_buf):
+    device_size = cadence_fx_passes_capacity_ops_device_size('s + 3', ('s',), len_prompt)
+    offset_cat = cadence_fx_passes_capacity_ops_offset_cat([state_cache, in_x], 1, [0, device_size]);  state_cache = in_x = device_size = None
+    slice_tensor = torch.ops.aten.slice.Tensor(offset_cat, 0, 0, 9223372036854775807)
+    slice_tensor_1 = torch.ops.aten.slice.Tensor(slice_tensor, 1, 0, 40, 1);  slice_tensor = None
+    slice_tensor_2 = torch.ops.aten.slice.Tensor(offset_cat, 0, 0, 9223372036854775807);  offset_cat = None
+    host_size = cadence_fx_passes_capacity_ops_host_size('s + 5', ('s',), dim_prompt);  dim_prompt = None
+    narrow_default = torch.ops.aten.narrow.default(slice_tensor_2, 1, 0, host_size);  slice_tensor_2 = host_size = None
+    slice_tensor_3 = torch.ops.aten.slice.Tensor(narrow_default, 1, -4, 9223372036854775807);  narrow_default = None
+    device_size_1 = cadence_fx_passes_capacity_ops_device_size('s', ('s',), len_prompt)
+    offset_cat_1 = cadence_fx_passes_capacity_ops_offset_cat([slice_tensor_1, slice_tensor_3], 1, [0, device_size_1]);  slice_tensor_1 = slice_tensor_3 = device_size_1 = None
+    slice_tensor_4 = torch.ops.aten.slice.Tensor(buf_buf, 0, 0, 9223372036854775807)
+    slice_tensor_5 = torch.ops.aten.slice.Tensor(slice_tensor_4, 1, 0, 44, 1);  slice_tensor_4 = None
+    device_size_2 = cadence_fx_passes_capacity_ops_device_size('s + 4', ('s',), len_prompt);  len_prompt = None
+    masked_copy = cadence_fx_passes_capacity_ops_masked_copy(slice_tensor_5, offset_cat_1, (1,), device_size_2);  slice_tensor_5 = device_size_2 = masked_copy = None
+    slice_tensor_6 = torch.ops.aten.slice.Tensor(buf_buf, 0, 0, 9223372036854775807);  buf_buf = None
+    slice_tensor_7 = torch.ops.aten.slice.Tensor(slice_tensor_6, 1, 0, 44, 1);  slice_tensor_6 = None
+    mul_tensor = torch.ops.aten.mul.Tensor(slice_tensor_7, 2);  slice_tensor_7 = None
+    return (mul_tensor, offset_cat_1)""")
+        for prompt in (4, 6, 9, 23, 39, 40):
+            cap.check_dims(plan, sym, {"prompt": prompt})
+            for fill in FILLS:
+                assert_exact(sym, gm, plan, "prompt", prompt, fill, seed=prompt)
+
+    def test_dims_past_the_capacity_or_the_guards_are_refused_by_name(self):
+        sym = cache_step()
+        plan = cap.plan_capacity(sym, {"prompt": 40})
+        with pytest.raises(SpecializationRefused, match="prompt = 41 is past the capacity 40"):
+            cap.check_dims(plan, sym, {"prompt": 41})
+        with pytest.raises(SpecializationRefused, match=r"guard .*\+ 5 > 8 does not hold at \{'prompt': 3\}"):
+            cap.check_dims(plan, sym, {"prompt": 3})
+        with pytest.raises(SpecializationRefused, match="dims"):
+            cap.check_dims(plan, sym, {"other": 6})
+        with pytest.raises(cap.CapacityRefused, match="capacity for"):
+            cap.plan_capacity(sym, {"other": 40})
+
+    def test_attention_step_runs_each_op_as_its_rule_says_and_exact(self):
+        sym = attention_step()
+        gm, plan = cap.capacity_form(sym, {"prompt": 32})
+        self.assertEqual([(name.rstrip("_0123456789"), mode, how) for name, mode, how in plan.modes], [
+            ("cat", "capacity", "offset cat"),  # k: the new frames after the cache, at a device offset
+            ("cat", "capacity", "copy"),  # v: newest first, a plain cat
+            ("scaled_dot_product_attention", "exact", "attention (not found exact padded here)"),
+            ("transpose", "capacity", "view"),
+            ("matmul", "exact", "reads a padded dim"),  # the scores: an island at the exact length
+            ("div", "exact", "follows an exact island"),
+            ("softmax", "exact", "follows an exact island"),
+            ("matmul", "exact", "follows an exact island"),
+            ("mul", "capacity", "pointwise"),
+            ("transpose", "capacity", "view"),
+            ("reshape", "capacity", "reshape"),  # heads: the padded dim kept whole
+            ("reshape", "exact", "moves a padded dim"),  # flat: merged with the heads
+            ("mul", "exact", "symbolic argument"),  # heads * k.shape[2]
+        ])
+        self.assertEqual(len(plan.islands), 4)
+        for prompt in (2, 5, 17, 32):  # its guards: prompt >= 2
+            for fill in FILLS:
+                assert_exact(sym, gm, plan, "prompt", prompt, fill, seed=prompt)
+
+    def test_masked_attention_is_planned_only_when_asked_and_hides_the_padding(self):
+        sym = attention_step()
+        gm, plan = cap.capacity_form(sym, {"prompt": 32}, masked_attention=True)
+        self.assertIn(("scaled_dot_product_attention", "capacity", "masked attention"), plan.modes)
+        self.assertIn("attention over padded keys: masked", plan.explain())
+        # the padding never reaches the result: NaN or another value past the keys, the same bits
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(1, 2, 3, 4, generator=g), torch.randn(1, 2, 40, 4, generator=g),
+                   torch.randn(1, 2, 40, 4, generator=g))
+        for n in (1, 9, 40):
+            outs = []
+            for fill in FILLS:
+                kp, vp = k.clone(), v.clone()
+                kp[:, :, n:], vp[:, :, n:] = fill, fill
+                outs.append(masked_attention(q, kp, vp, torch.tensor(n)))
+            assert not outs[0].isnan().any() and torch.equal(outs[0], outs[1])
+
+
+def test_mini_token2wav_entries_exact_at_other_prompt_lengths(t2w_mini):
+    """Every symbolic step the mini Token2Wav holds, rewritten once, against specialize at
+    prompt lengths other than the one it was traced at (its guards permitting)."""
+    from cadence_fx.integrations import stepaudio2 as s2
+    opt = t2w_mini.opt
+    if not opt.programs.items():
+        opt.set_stream_cache(*s2.synthetic_prompt(40, seed=3))
+    steps = [sym for _, sym in opt.programs.items()]
+    assert steps
+    checked = 0
+    for sym in steps:
+        gm, plan = cap.capacity_form(sym, {"prompt_frames": 300})
+        assert plan.counts()["capacity"].get("offset cat")  # the caches grow in place
+        traced = sym.dims["prompt_frames"]
+        for s in sorted({traced + 2, 150, 300} - {traced}):
+            try:
+                cap.check_dims(plan, sym, {"prompt_frames": s})
+            except SpecializationRefused:
+                continue
+            assert_exact(sym, gm, plan, "prompt_frames", s, float("nan"), seed=s)
+            checked += 1
+    assert checked >= 2 * len(steps)
