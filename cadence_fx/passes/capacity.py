@@ -41,7 +41,8 @@ import torch.fx as fx
 
 from .. import step as meta
 from ..step import Role
-from .capacity_ops import device_size, host_size, masked_attention, masked_copy, offset_cat, to_capacity
+from .capacity_ops import (device_size, host_size, masked_attention, masked_copy, offset_cat,
+                           probe_masked_attention, to_capacity)
 from .capacity_plan import (_ASSERTS, _MODE, _OF, CAPACITY, DEVICE, EXACT, CapacityPlan, CapacityRefused, _binding,
                             _name, _padded, _plan, _symbolic, _Walk, check_dims, plan_capacity)
 from .specialize import _value, module_without_code
@@ -52,17 +53,34 @@ aten = torch.ops.aten
 
 
 def capacity_form(sym: SymbolicStep, capacity: Mapping[str, int],
-                  masked_attention: bool = False) -> tuple[fx.GraphModule, CapacityPlan]:
+                  masked_attention=False) -> tuple[fx.GraphModule, CapacityPlan]:
     """``sym`` rewritten to run at every value of its dims up to ``capacity`` (see the
     module doc), and its plan.  The graph takes ``dim_<d>`` (host ints), ``len_<d>``
     (device int64 scalars), then ``sym``'s inputs, state and buffers (``buf_*`` stay
     placeholders), each padded one at its size at the capacity, its live part a prefix;
     it returns ``sym``'s outputs so, padded ones at the capacity.  Call ``check_dims``
-    before running it at new dims."""
+    before running it at new dims.  ``masked_attention``: see ``plan_capacity``
+    (``attention_probe`` makes a probe that asks the device)."""
     plan, walk = _plan(sym, capacity, masked_attention)
     gm = _Emit(sym, walk, plan).module()
     check_shapes(gm, sym, plan)
     return gm, plan
+
+
+def attention_probe(sym: SymbolicStep, capacity: Mapping[str, int], values: Mapping[str, "list[int]"], device,
+                    seed: int = 0):
+    """A ``masked_attention`` probe for ``plan_capacity``: each distinct attention call over
+    padded keys is run on ``device`` (``capacity_ops.probe_masked_attention``) at its shapes
+    at the capacity and at every live key count the dims' ``values`` give it (value ``i``
+    of each dim together)."""
+    at_cap = _binding(sym, capacity)
+
+    def probe(q: SymTensor, k: SymTensor, v: SymTensor, live) -> bool:
+        lengths = sorted({_value(live, _binding(sym, dict(zip(values, vs))), "a size")
+                          for vs in zip(*values.values())})
+        shape = lambda t: [_value(x, at_cap, "a size") for x in t.shape]  # noqa: E731
+        return probe_masked_attention(shape(q), shape(k), shape(v), k.dtype, device, lengths, seed)
+    return probe
 
 
 def check_shapes(gm: fx.GraphModule, sym: SymbolicStep, plan: CapacityPlan) -> None:

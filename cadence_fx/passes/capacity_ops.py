@@ -8,10 +8,16 @@ padded destination, and attention over padded keys.
 
 from __future__ import annotations
 
+import builtins
 import functools
 from typing import Mapping, Sequence
 
 import torch
+
+
+#: the builtins an evaluation's frame sees: the real ones (an op that imports lazily, as a fake
+#: tensor's dispatch does, finds ``__import__`` through the calling frame's builtins)
+_GLOBALS = {"__builtins__": builtins}
 
 
 @functools.lru_cache(maxsize=None)
@@ -21,12 +27,12 @@ def _code(text: str):
 
 def host_size(text: str, names: tuple, *values: int) -> int:
     """The size ``text`` (a Python expression over ``names``) at host ints ``values``."""
-    return int(eval(_code(text), {"__builtins__": {}}, dict(zip(names, values))))
+    return int(eval(_code(text), _GLOBALS, dict(zip(names, values))))
 
 
 def device_size(text: str, names: tuple, *values: torch.Tensor) -> torch.Tensor:
     """The size ``text`` at device int64 scalars ``values`` (``//``, ``+``, ``*``, ``-``: device ops)."""
-    return eval(_code(text), {"__builtins__": {}}, dict(zip(names, values)))
+    return eval(_code(text), _GLOBALS, dict(zip(names, values)))
 
 
 def _live_mask(shape: Sequence[int], dims: Mapping[int, torch.Tensor], device) -> torch.Tensor:
@@ -78,3 +84,24 @@ def to_capacity(x: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
     out = x.new_zeros(shape)
     out[tuple(slice(0, n) for n in x.shape)].copy_(x)
     return out
+
+
+def probe_masked_attention(q_shape: Sequence[int], k_shape: Sequence[int], v_shape: Sequence[int],
+                           dtype: torch.dtype, device, lengths: Sequence[int], seed: int = 0) -> bool:
+    """Whether ``masked_attention`` over keys padded to ``k_shape`` (NaN past the live ones)
+    gives the bits of the exact call on the live keys alone (contiguous, as a ``cat`` leaves
+    them), at each of ``lengths``, on this device and dtype, under the caller's settings
+    (deterministic algorithms: the protocol exactness is defined under)."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = ((torch.randn(tuple(s), generator=g) * 0.5).to(device=device, dtype=dtype)
+               for s in (q_shape, k_shape, v_shape))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    with torch.no_grad():
+        for n in lengths:
+            kp, vp = k.clone(), v.clone()
+            kp[..., n:, :] = float("nan")
+            vp[..., n:, :] = float("nan")
+            want = sdpa(q, k[..., :n, :].contiguous(), v[..., :n, :].contiguous())
+            if not torch.equal(want, masked_attention(q, kp, vp, torch.tensor(n, device=device))):
+                return False
+    return True

@@ -50,7 +50,7 @@ class CapacityPlan:
     capacity: dict  # dim -> the value sizes are held at
     symbols: dict  # dim -> its symbol's name
     modes: tuple  # (node name, CAPACITY | EXACT, how or why)
-    masked_attention: bool
+    attention: str  # over padded keys: "masked", "exact", or "probed" (the caller's probe decided each)
     extents: tuple = ()  # every padded size expression (text), checked by ``check_dims``
     islands: tuple = ()  # the exact nodes, grouped by data edges (node names)
 
@@ -64,7 +64,7 @@ class CapacityPlan:
     def explain(self) -> str:
         cap = ", ".join(f"{d} <= {c}" for d, c in self.capacity.items())
         lines = [f"capacity form: {cap}; attention over padded keys: "
-                 f"{'masked' if self.masked_attention else 'exact'}"]
+                 f"{self.attention}"]
         for mode, hows in self.counts().items():
             lines.append(f"  {mode}: {sum(hows.values())} nodes (" +
                          ", ".join(f"{h} {n}" for h, n in hows.items()) + ")")
@@ -94,8 +94,9 @@ def _name(node: fx.Node) -> str:
 class _Walk:
     """The mode of every node (shared by ``plan_capacity`` and ``capacity_form``)."""
 
-    def __init__(self, sym: SymbolicStep, masked_attention: bool):
+    def __init__(self, sym: SymbolicStep, masked_attention):
         self.sym, self.masked = sym, masked_attention
+        self.probed: dict = {}  # a probe's answers (``plan_capacity``)
         self.scalar: dict[fx.Node, object] = {}  # int/bool/float nodes: their expression
         self.cap: set[fx.Node] = set()  # nodes with a capacity form
         self.exact: set[fx.Node] = set()  # nodes with an exact form of their own (not a narrow)
@@ -302,17 +303,25 @@ class _Walk:
         kd = len(k.shape) - 2
         if set(_padded(k)) != {kd} or _padded(k) != _padded(v) or any(x not in (None, 0, 0.0, False) for x in extra):
             return "exact: masked or causal attention"
+        if callable(self.masked):  # the caller's probe, asked once per shape and live size
+            key = (q.shape, k.shape, v.shape, q.dtype, str(_padded(k)[kd]))
+            if key not in self.probed:
+                self.probed[key] = bool(self.masked(q, k, v, _padded(k)[kd]))
+            return "masked attention" if self.probed[key] else "exact: attention (the masked call differs here)"
         return "masked attention" if self.masked else "exact: attention (not found exact padded here)"
 
 
-def plan_capacity(sym: SymbolicStep, capacity: Mapping[str, int], masked_attention: bool = False) -> CapacityPlan:
+def plan_capacity(sym: SymbolicStep, capacity: Mapping[str, int], masked_attention=False) -> CapacityPlan:
     """The plan for ``sym`` held at ``capacity`` (dim -> its largest value).
     ``masked_attention``: whether attention over padded keys runs masked at the capacity
-    (only where the caller checked it bit-equal to the exact call on its device and dtype)."""
+    (only where the caller checked it bit-equal to the exact call on its device and
+    dtype), or ``probe(q, k, v, live) -> bool`` asked once per distinct call (its query,
+    key and value values, ``SymTensor``s, and the keys' live size, an expression over the symbols):
+    ``capacity_ops.probe_masked_attention`` runs that check on the device."""
     return _plan(sym, capacity, masked_attention)[0]
 
 
-def _plan(sym: SymbolicStep, capacity: Mapping[str, int], masked_attention: bool) -> tuple:
+def _plan(sym: SymbolicStep, capacity: Mapping[str, int], masked_attention) -> tuple:
     if set(capacity) != set(sym.dims):
         raise CapacityRefused(f"capacity for {sorted(capacity)}, the step's dims are {sorted(sym.dims)}")
     walk = _Walk(sym, masked_attention)
@@ -321,7 +330,8 @@ def _plan(sym: SymbolicStep, capacity: Mapping[str, int], masked_attention: bool
     _check_texts(sym, capacity, [e for e in walk.extents] +
                  [e for e in walk.scalar.values() if _symbolic(e)])
     plan = CapacityPlan(dict(capacity), names, tuple((n.name, m, h) for n, (m, h) in walk.mode.items()),
-                        masked_attention, extents, _islands(walk))
+                        "probed" if callable(masked_attention) else ("masked" if masked_attention else "exact"),
+                        extents, _islands(walk))
     return plan, walk
 
 

@@ -235,6 +235,25 @@ def forward(self, dim_prompt, len_prompt, in_x, state_cache, buf_buf):
                 outs.append(masked_attention(q, kp, vp, torch.tensor(n)))
             assert not outs[0].isnan().any() and torch.equal(outs[0], outs[1])
 
+    def test_a_probe_decides_each_attention_call_and_is_asked_once_per_call(self):
+        sym = attention_step()
+        asked = []
+
+        def probe(q, k, v, live):
+            asked.append((tuple(q.shape), str(live)))
+            return False
+        _, plan = cap.capacity_form(sym, {"prompt": 32}, masked_attention=probe)
+        self.assertEqual(asked, [((1, 2, 3, 4), str(sym.symbols["prompt"] + 4))])  # cache + 3 new keys
+        self.assertIn(("scaled_dot_product_attention", "exact", "attention (the masked call differs here)"), plan.modes)
+        self.assertIn("attention over padded keys: probed", plan.explain())
+        # the device's own probe (here the CPU's): whatever it finds, the graph is exact
+        probe = cap.attention_probe(sym, {"prompt": 32}, {"prompt": list(range(2, 33))}, CPU)
+        gm, plan = cap.capacity_form(sym, {"prompt": 32}, masked_attention=probe)
+        [(how,)] = {(h,) for n, _, h in plan.modes if n.startswith("scaled_dot")}
+        self.assertIn(how, ("masked attention", "attention (the masked call differs here)"))
+        for prompt in (2, 5, 17, 32):
+            assert_exact(sym, gm, plan, "prompt", prompt, float("nan"), seed=prompt)
+
 
 def test_mini_token2wav_entries_exact_at_other_prompt_lengths(t2w_mini):
     """Every symbolic step the mini Token2Wav holds, rewritten once, against specialize at

@@ -1,4 +1,5 @@
-# CPU (this machine: 2 cores), torch 2.13.0+cpu, branch capacity-form, library as committed with this folder.
+# CPU (this machine: 2 cores), torch 2.13.0+cpu, at f95e065 (the commit of this folder; since then
+# --masked-attention is spelled --attention masked).
 # Each entry the released Token2Wav (seed 0) builds for a 75-token prompt, rewritten once at
 # a capacity of 500 prompt frames (passes/capacity.py), run at each length against specialize.
 OMP_NUM_THREADS=1 CADENCE_FX_CACHE_DIR=$(mktemp -d) python benchmarks/capacity_form.py --n-timesteps 5 \
