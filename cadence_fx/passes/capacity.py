@@ -41,12 +41,13 @@ import torch.fx as fx
 
 from .. import step as meta
 from ..step import Role
-from .capacity_ops import (device_size, host_size, masked_attention, masked_copy, offset_cat,
-                           probe_masked_attention, to_capacity)
+from .base import returns_written, written_args
+from .capacity_ops import (device_size, faithful, host_size, masked_attention, masked_copy, offset_cat,
+                           probe_masked_attention, to_capacity, within)
 from .capacity_plan import (_ASSERTS, _MODE, _OF, CAPACITY, DEVICE, EXACT, CapacityPlan, CapacityRefused, _binding,
-                            _name, _padded, _plan, _symbolic, _Walk, check_dims, plan_capacity)
+                            _name, _padded, _plan, _symbolic, _Walk, check_dims, exact_view, plan_capacity)
 from .specialize import _value, module_without_code
-from .trace_symbolic import SymbolicStep, SymTensor
+from .trace_symbolic import SymbolicStep, SymTensor, _free_symbols
 
 __all__ = ["CapacityPlan", "CapacityRefused", "capacity_form", "check_dims", "check_shapes", "plan_capacity"]
 aten = torch.ops.aten
@@ -84,18 +85,26 @@ def attention_probe(sym: SymbolicStep, capacity: Mapping[str, int], values: Mapp
 
 
 def check_shapes(gm: fx.GraphModule, sym: SymbolicStep, plan: CapacityPlan) -> None:
-    """The rewrite's postcondition: run on fake tensors at the capacity (``FakeTensorProp``),
-    every node made from a node of ``sym`` has that node's shape at the capacity (a slice
-    clamped, a view that moved a dim: ``CapacityRefused``, never a wrong graph)."""
+    """The rewrite's postcondition, on fake tensors (``FakeTensorProp``), at the capacity and
+    at the dims the step was traced at: every node made from a node of ``sym`` has that
+    node's shape at the capacity (a capacity node) or at the dims it runs at (an exact one).
+    A slice clamped, a view that moved a dim, an island's value at the wrong size:
+    ``CapacityRefused``, never a wrong graph."""
+    check_shapes_at(gm, sym, plan, plan.capacity)
+    if dict(sym.dims) != dict(plan.capacity) and all(0 <= sym.dims[d] <= plan.capacity[d] for d in sym.dims):
+        check_shapes_at(gm, sym, plan, sym.dims)
+
+
+def check_shapes_at(gm: fx.GraphModule, sym: SymbolicStep, plan: CapacityPlan, dims) -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-    binding = _binding(sym, plan.capacity)
+    at_cap, here = _binding(sym, plan.capacity), _binding(sym, dims)
     device = meta.traced_device(sym.gm)
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    args = [int(plan.capacity[d]) for d in sym.dims]
+    args = [int(dims[d]) for d in sym.dims]
     with mode:
-        args += [torch.tensor(int(plan.capacity[d]), device=device) for d in sym.dims]
-        args += [torch.empty([_value(x, binding, "a size") for x in p.shape], dtype=p.dtype, device=device)
+        args += [torch.tensor(int(dims[d]), device=device) for d in sym.dims]
+        args += [torch.empty([_value(x, at_cap, "a size") for x in p.shape], dtype=p.dtype, device=device)
                  for p in sym.placeholders if not p.name.startswith("dim_")]
     want = {n.name: n.meta.get(meta.SYM) for n in sym.gm.graph.nodes}
 
@@ -113,21 +122,25 @@ def check_shapes(gm: fx.GraphModule, sym: SymbolicStep, plan: CapacityPlan) -> N
             return value
     Prop(gm, mode).propagate(*args)
 
-    def shapes(v):
+    def shapes(v, binding):
         if isinstance(v, SymTensor):
             return tuple(_value(x, binding, "a size") for x in v.shape)
         if isinstance(v, torch.Tensor):
             return tuple(v.shape)
         if isinstance(v, (list, tuple)):
-            return tuple(shapes(x) for x in v)
+            return tuple(shapes(x, binding) for x in v)
         return None
     for node in gm.graph.nodes:
         src = node.meta.get(_OF)
         if src is None:
             continue
-        expected, got = shapes(want[src]), shapes(node.meta.get("val"))
+        how = node.meta.get(_MODE)
+        expected = shapes(want[src], here if how == EXACT else at_cap)
+        got = shapes(node.meta.get("val"), None)
         if expected != got:
-            raise CapacityRefused(f"{src} ({node.meta.get(_MODE)}) is {got} at the capacity, not {expected}")
+            raise CapacityRefused(f"{src} ({how}) is {got} at {dict(dims)}, not {expected}")
+    for node in gm.graph.nodes:
+        node.meta.pop("val", None)  # sizes of one run, not of the graph
 
 
 class _Emit:
@@ -139,11 +152,14 @@ class _Emit:
         self.at_capacity = _binding(sym, plan.capacity)
         self.cap_env: dict = {}
         self.exact_env: dict = {}
+        self.own_layout: set = set()  # nodes whose exact form is laid out as the step lays it out
         self.memo: dict = {}
         self.host = [self.g.placeholder(f"dim_{d}") for d in sym.dims]
         for h, d in zip(self.host, sym.dims):
             meta.tag(h, Role.DIM, name=d)
         self.dev = [self.g.placeholder(f"len_{d}") for d in sym.dims]
+        for h, d in zip(self.host, sym.dims):  # a length past the capacity never runs (check_dims says more)
+            self.g.call_function(within, (h, int(plan.capacity[d]), f"dim_{d}"))
         for node in sym.gm.graph.nodes:
             self._emit(node)
 
@@ -176,14 +192,28 @@ class _Emit:
         return self.exact_env[a]
 
     def args(self, node: fx.Node, form: str):
+        in_place = set(written_args(node)) if form == EXACT else set()
+
         def f(a):
             if a in self.walk.scalar:
                 e = self.walk.scalar[a]
                 if e is None:
                     raise CapacityRefused(f"{node.name} reads a dims marker")
                 return self.size(e, form)
-            return self.exact_of(a) if form == EXACT else self.cap_env[a]
+            if form != EXACT:
+                return self.cap_env[a]
+            if exact_view(node) or a in in_place or a in self.own_layout or not _free_symbols(a.meta.get(meta.SYM)):
+                return self.exact_of(a)  # the live prefix's view: its memory (a view keeps indices)
+            return self.faithful(a)
         return fx.node.map_arg(node.args, f), fx.node.map_arg(node.kwargs, f)
+
+    def faithful(self, a: fx.Node) -> fx.Node:
+        """``a``'s live values in the layout the step gives them at these dims (sizes, strides,
+        storage offset): a copy, made where it is read (the memory may be written in between)."""
+        v = a.meta[meta.SYM]
+        host = lambda xs: [self.size(x, EXACT) for x in xs]  # noqa: E731
+        return self.g.call_function(faithful, (self.exact_of(a), host(v.shape), host(v.stride),
+                                               self.size(v.offset, EXACT)))
 
     def call(self, node: fx.Node, target, args, kwargs=None, mode: str = "") -> fx.Node:
         new = self.g.call_function(target, tuple(args), dict(kwargs or {}))
@@ -230,17 +260,23 @@ class _Emit:
                 self.cap_env[node] = self.call(node, operator.getitem, (self.cap_env[src], i), mode=CAPACITY)
             if src in self.exact_env:
                 self.exact_env[node] = self.call(node, operator.getitem, (self.exact_env[src], i), mode=EXACT)
+                if src in self.own_layout:
+                    self.own_layout.add(node)
             elif not _padded(v):
                 self.exact_env[node] = self.cap_env[node]
+            if node not in self.cap_env and isinstance(v, SymTensor) and not _padded(v):
+                self.cap_env[node] = self.exact_env[node]  # an exact item at its own size: both forms
             return
         if mode == EXACT:
             args, kwargs = self.args(node, EXACT)
             new = self.exact_env[node] = self.call(node, node.target, args, kwargs, EXACT)
-            if not _padded(v) and not isinstance(v, list):
+            if isinstance(v, SymTensor) and not _padded(v):
                 self.cap_env[node] = new
+            if not exact_view(node) and not returns_written(node):
+                self.own_layout.add(node)  # made here from the step's layouts: the step's own
             return
         new = self.cap_env[node] = self._capacity_node(node, how, v)
-        if not _padded(v) and not isinstance(v, list):
+        if isinstance(v, SymTensor) and not _padded(v):
             self.exact_env[node] = new
 
     def _capacity_node(self, node: fx.Node, how: str, v) -> fx.Node:

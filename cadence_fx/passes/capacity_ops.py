@@ -27,7 +27,24 @@ def _code(text: str):
 
 def host_size(text: str, names: tuple, *values: int) -> int:
     """The size ``text`` (a Python expression over ``names``) at host ints ``values``."""
-    return int(eval(_code(text), _GLOBALS, dict(zip(names, values))))
+    v = eval(_code(text), _GLOBALS, dict(zip(names, values)))
+    if type(v) is not int:
+        raise ValueError(f"size {text} at {dict(zip(names, values))} is {v!r}, not an int")
+    return v
+
+
+def within(value: int, capacity: int, name: str) -> None:
+    """Refuse a dim outside ``[0, capacity]`` (the graph's first node)."""
+    if not 0 <= value <= capacity:
+        raise ValueError(f"{name} = {value} is outside the capacity form's 0..{capacity}")
+
+
+def faithful(x: torch.Tensor, shape: Sequence[int], stride: Sequence[int], offset: int) -> torch.Tensor:
+    """``x``'s values in a tensor of ``shape``, ``stride`` and storage ``offset`` (the layout
+    the step gives the value: what a stride-sensitive kernel reads the same way)."""
+    span = 0 if 0 in shape else 1 + sum((n - 1) * st for n, st in zip(shape, stride))
+    out = x.new_empty(offset + span).as_strided(shape, stride, offset)
+    return out.copy_(x)
 
 
 def device_size(text: str, names: tuple, *values: torch.Tensor) -> torch.Tensor:
@@ -49,7 +66,7 @@ def _live_mask(shape: Sequence[int], dims: Mapping[int, torch.Tensor], device) -
 def offset_cat(parts: Sequence[torch.Tensor], dim: int, offsets: Sequence[torch.Tensor]) -> torch.Tensor:
     """``cat`` along a padded ``dim``: part ``i`` (whole, at capacity) written from device
     offset ``offsets[i]`` (the live sizes before it), in order, so each part's live prefix
-    follows the one before it; zeros past the last live frame."""
+    follows the one before it (past the last one: the last part's padding, then zeros)."""
     shape = list(parts[0].shape)
     shape[dim] = sum(p.shape[dim] for p in parts)
     dtype = functools.reduce(torch.promote_types, (p.dtype for p in parts))  # as cat promotes

@@ -19,7 +19,7 @@ import torch.fx as fx
 from .. import step as meta
 from ..errors import SpecializationRefused, TraceError
 from ..step import Role
-from .base import is_mutating
+from .base import is_mutating, is_view, view_root, written_args
 from .capacity_ops import host_size
 from .specialize import _ASSERTS, _value
 from .trace_symbolic import SymbolicStep, SymTensor, _free_symbols
@@ -35,6 +35,23 @@ _RESHAPES = {"view", "reshape", "_unsafe_view", "view_as", "reshape_as", "flatte
 _FACTORIES = {"zeros", "ones", "full", "empty", "new_zeros", "new_ones", "new_full", "new_empty"}
 _SPLITS = {"split", "split_with_sizes", "chunk", "unbind"}
 _ATTENTION = {"scaled_dot_product_attention"}
+#: views that keep indices: an exact one runs on the live prefix's view (its memory, the step's aliasing)
+_INDEX_VIEWS = {"slice", "narrow", "select", "transpose", "t", "permute", "unsqueeze", "squeeze", "expand",
+                "alias", "detach", "split", "split_with_sizes", "chunk", "unbind", "dropout"}
+_BY_OFFSET = {"as_strided", "as_strided_", "as_strided_scatter", "as_strided_copy", "set_", "_reshape_alias"}
+#: integer division by the padding raises: these run exact on integer operands
+_DIVISIONS = {"div", "floor_divide", "remainder", "fmod", "div_", "floor_divide_", "remainder_", "fmod_"}
+
+
+def exact_view(node: fx.Node) -> bool:
+    """An exact node run on views of the live prefixes (not copies): a view that keeps indices,
+    or an item of one."""
+    return node.target is operator.getitem or (is_view(node) and _name(node) in _INDEX_VIEWS)
+
+
+def _returns_alias(node: fx.Node) -> bool:
+    t = node.target
+    return isinstance(t, torch._ops.OpOverload) and any(r.alias_info is not None for r in t._schema.returns)
 
 
 class CapacityRefused(TraceError):
@@ -97,6 +114,8 @@ class _Walk:
     def __init__(self, sym: SymbolicStep, masked_attention):
         self.sym, self.masked = sym, masked_attention
         self.probed: dict = {}  # a probe's answers (``plan_capacity``)
+        self.written_roots = {view_root(w) for n in sym.gm.graph.nodes if n.op == "call_function"
+                              for w in written_args(n)}  # memory the step writes (by its base)
         self.scalar: dict[fx.Node, object] = {}  # int/bool/float nodes: their expression
         self.cap: set[fx.Node] = set()  # nodes with a capacity form
         self.exact: set[fx.Node] = set()  # nodes with an exact form of their own (not a narrow)
@@ -110,11 +129,8 @@ class _Walk:
 
     def _visit(self, node: fx.Node) -> None:
         v = node.meta.get(meta.SYM)
-        for ext in _padded(v).values():
-            self.extents.add(ext)
-        if isinstance(v, list):
-            for x in v:
-                self.extents.update(_padded(x).values())
+        for x in (v if isinstance(v, (list, tuple)) else (v,)):
+            self.extents.update(_padded(x).values())
         if node.op == "placeholder":
             if meta.role(node) is Role.DIM:
                 self.scalar[node] = None
@@ -141,26 +157,46 @@ class _Walk:
             return
         if node.target in _ASSERTS:
             return  # checked by ``check_dims`` (the step's guards hold them)
+        whole = isinstance(v, SymTensor) and not _padded(v)  # a tensor at its exact size: both forms
         if node.target is operator.getitem:  # an item of a split: the forms its list has
             src = node.args[0]
             self.mode[node] = (CAPACITY if src in self.cap else EXACT, "item")
-            if src in self.cap:
+            if src in self.cap or whole:
                 self.cap.add(node)
-            if src in self.exact or not _padded(v):
+            if src in self.exact or whole:
                 self.exact.add(node)
             return
-        missing = [a for a in ins if _padded(self.value(a)) and a not in self.cap]
+        # an input with no capacity form (an island's padded value or list): this node follows it
+        missing = [a for a in ins if isinstance(self.value(a), (SymTensor, list, tuple)) and a not in self.cap]
         how = None if missing else self._rule(node, v)
         if how is None or how.startswith("exact: "):
             self.mode[node] = (EXACT, how[7:] if how else "follows an exact island")
             self.exact.add(node)
-            if not _padded(v) and not isinstance(v, list):
-                self.cap.add(node)  # a value at its exact size: both forms
+            if whole:
+                self.cap.add(node)
+            self._check_exact(node)
             return
         self.mode[node] = (CAPACITY, how)
         self.cap.add(node)
-        if not _padded(v) and not isinstance(v, list):
+        if whole:
             self.exact.add(node)
+
+    def _check_exact(self, node: fx.Node) -> None:
+        """An exact node runs on the live prefixes: views of them where it is a view that keeps
+        indices (``exact_view``) or the memory it writes, else copies in the step's own layout
+        (``capacity_ops.faithful``).  A copy cannot stand for memory the step writes: an op that
+        returns an alias of such an input is refused, and so is one reading storage by offset."""
+        if exact_view(node):
+            return
+        name = _name(node)
+        if name in _BY_OFFSET:
+            raise CapacityRefused(f"{node.name}: {name} reads memory by offset and stride, which the capacity moves")
+        if not _returns_alias(node):
+            return
+        for a in node.all_input_nodes:
+            if _free_symbols(self.value(a)) and view_root(a) in self.written_roots:
+                raise CapacityRefused(f"{node.name}: {name} of {a.name}, a value whose memory the step writes "
+                                      f"and the capacity form holds at other strides")
 
     # ------------------------------------------------------------ rules: a "how", or "exact: why"
 
@@ -182,6 +218,8 @@ class _Walk:
             return self._attention(node) if name in _ATTENTION else self._copy(node, v)
         if is_mutating(node):
             return "exact: writes in place"
+        if torch.Tag.nondeterministic_seeded in t.tags and name != "dropout":  # (attention: only without dropout)
+            return "exact: draws random numbers"  # how many would follow the padding
         if name == "dropout":
             return "view" if len(node.args) > 2 and node.args[2] is False and not sym_args else "exact: dropout"
         if name in _STRUCTURAL:
@@ -209,7 +247,10 @@ class _Walk:
                 else "exact: repeats a padded dim")
         if sym_args:
             return "exact: symbolic argument"
-        if torch.Tag.pointwise in t.tags:
+        if torch.Tag.pointwise in t.tags and isinstance(v, SymTensor):
+            if name in _DIVISIONS and not all(x.dtype.is_floating_point for x in [v] + [iv for _, iv in ins]
+                                              if isinstance(x, SymTensor)):
+                return "exact: integer division (the padding may hold zeros)"
             return "pointwise" if all(self._aligned(iv, v) for _, iv in ins) else "exact: operands not aligned"
         return "exact: reads a padded dim"
 

@@ -50,7 +50,7 @@ def run_both(sym, gm, plan, dim: str, s: int, fill: float, seed: int = 0):
             continue
         shape = [_value(x, binding, "a size") for x in p.shape]
         t = (torch.randn(shape, generator=g) * 0.5).to(p.dtype) if p.dtype.is_floating_point else \
-            torch.randint(0, 100, shape, generator=g).to(p.dtype)
+            torch.randint(1, 100, shape, generator=g).to(p.dtype)  # live integers never 0; the padding's are
         exact[p.name] = t
         padded[p.name] = pad(t, [_value(x, at_cap, "a size") for x in p.shape], fill)
     buffers = {n[4:]: t.clone() for n, t in exact.items() if n.startswith("buf_")}
@@ -143,6 +143,7 @@ capacity form: prompt <= 40; attention over padded keys: exact
         if not WHOLE_SLICES_TRACED:
             self.assertExpectedInline(code, """\
 def forward(self, dim_prompt, len_prompt, in_x, state_cache, buf_buf):
+    within = cadence_fx_passes_capacity_ops_within(dim_prompt, 40, 'dim_prompt');  within = None
     device_size = cadence_fx_passes_capacity_ops_device_size('s + 3', ('s',), len_prompt)
     offset_cat = cadence_fx_passes_capacity_ops_offset_cat([state_cache, in_x], 1, [0, device_size]);  state_cache = in_x = device_size = None
     slice_tensor = torch.ops.aten.slice.Tensor(offset_cat, 1, 0, 40, 1)
@@ -160,6 +161,7 @@ def forward(self, dim_prompt, len_prompt, in_x, state_cache, buf_buf):
         else:
             self.assertExpectedInline(code, """\
 def forward(self, dim_prompt, len_prompt, in_x, state_cache, buf_buf):
+    within = cadence_fx_passes_capacity_ops_within(dim_prompt, 40, 'dim_prompt');  within = None
     device_size = cadence_fx_passes_capacity_ops_device_size('s + 3', ('s',), len_prompt)
     offset_cat = cadence_fx_passes_capacity_ops_offset_cat([state_cache, in_x], 1, [0, device_size]);  state_cache = in_x = device_size = None
     slice_tensor = torch.ops.aten.slice.Tensor(offset_cat, 0, 0, 9223372036854775807)
@@ -253,6 +255,80 @@ def forward(self, dim_prompt, len_prompt, in_x, state_cache, buf_buf):
         self.assertIn(how, ("masked attention", "attention (the masked call differs here)"))
         for prompt in (2, 5, 17, 32):
             assert_exact(sym, gm, plan, "prompt", prompt, float("nan"), seed=prompt)
+
+
+# ---------------------------------------------------------------- what an adversarial review found (session thirty-eight)
+
+SIG_ONE = StepSignature(inputs=("x",), regions=("c",), outputs=("y",))
+
+
+def one_step(body, c=((2, ("p", 1, 0)), F32), buf=None):
+    """A step of one input ``x`` (1, 2), one state ``c`` (by default (2, p)) and an optional buffer."""
+    def bind(buffers, dims=None):
+        def step(inputs, state):
+            return {"y": body(inputs["x"], state["c"], buffers.get("buf"))}, {"c": state["c"]}
+        return step
+    bufs = {"buf": (buf[0], buf[1], ("buf",))} if buf else {}
+    return trace_symbolic(bind, SIG_ONE, {"p": 6}, {"x": ((1, 2), F32)}, {"c": c}, bufs, CPU)
+
+
+def _write_through_flatten(x, c, buf):
+    buf.flatten()[1] = 7.0
+    return buf * 1
+
+
+def _reshape_read_after_write(x, c, buf):
+    flat = buf.reshape(-1)
+    buf.add_(1)
+    return flat * 1
+
+
+BUF = ((2, ("p", 1, 0)), F32)
+INT = ((1, ("p", 1, 0)), torch.int64)
+EXACT_CASES = {  # each exact at every length, whatever the padding holds
+    "a whole-tensor sum (its bits follow the strides: run on the step's own layout)":
+        (lambda x, c, b: c.sum(), {"c": ((3, ("p", 1, 0)), F32)}, (100, 257), 300),
+    "a view of a narrowed value": (lambda x, c, b: c.view(-1) * 1, {}, (3, 7), 20),
+    "a tuple-valued op's item": (lambda x, c, b: torch.sort(c, dim=0).values + 1, {}, (3, 7), 20),
+    "a static item of a split at a symbolic size": (
+        lambda x, c, b: torch.split(c, [c.shape[1] - 3, 3], dim=1)[1] * 2, {}, (7, 9), 20),
+    "a pointwise op returning a tuple": (lambda x, c, b: torch.frexp(c)[0].sum(1), {}, (3, 7), 20),
+    "offsets of 2p + 6": (lambda x, c, b: torch.cat([c, c, x], 1), {"c": ((1, ("p", 1, 3)), F32)}, (3, 7), 20),
+    "a cache of 2p - 1 frames": (lambda x, c, b: torch.cat([c, x], 1), {"c": ((1, ("p", 2, -1)), F32)}, (3, 7), 20),
+    "integer division (zeros in the padding)": (
+        lambda x, c, b: torch.div(c * 7, c, rounding_mode="floor"), {"c": INT}, (3, 7), 20),
+    "random draws (as many as the live values)": (lambda x, c, b: torch.rrelu(c, training=True), {}, (3, 7), 20),
+}
+REFUSED_CASES = {  # a copy cannot stand for memory the step writes: refused by name, never a wrong graph
+    "a write through flatten()": (_write_through_flatten, "flatten of buf_buf"),
+    "a reshape read after the buffer is written": (_reshape_read_after_write, "reshape of buf_buf"),
+    "as_strided": (lambda x, c, b: torch.as_strided(c, (2, 2), (2, 1)) + 0, "as_strided reads memory by offset"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(EXACT_CASES))
+def test_reviewed_steps_run_exact(case):
+    body, kw, lengths, capacity = EXACT_CASES[case]
+    sym = one_step(body, **kw)
+    gm, plan = cap.capacity_form(sym, {"p": capacity})
+    for s in lengths:
+        for fill in FILLS + (-1.0,):
+            assert_exact(sym, gm, plan, "p", s, fill, seed=s)
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED_CASES))
+def test_reviewed_steps_refused_by_name(case):
+    body, match = REFUSED_CASES[case]
+    sym = one_step(body, buf=BUF)
+    with pytest.raises(cap.CapacityRefused, match=match):
+        cap.capacity_form(sym, {"p": 20})
+
+
+def test_a_length_past_the_capacity_never_runs():
+    sym = one_step(lambda x, c, b: c * 2)
+    gm, _ = cap.capacity_form(sym, {"p": 20})
+    with pytest.raises(ValueError, match="dim_p = 21 is outside"):
+        gm(21, torch.tensor(21), torch.zeros(1, 2), torch.zeros(2, 20))
 
 
 def test_mini_token2wav_entries_exact_at_other_prompt_lengths(t2w_mini):
