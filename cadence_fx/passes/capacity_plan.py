@@ -339,8 +339,10 @@ class _Walk:
     def _attention(self, node) -> str:
         q, k, v = (self.value(a) for a in node.args[:3])
         extra = list(node.args[3:]) + [x for key, x in node.kwargs.items() if key not in ("scale",)]
-        if _padded(q) or not _padded(k):
+        if _padded(q):
             return "exact: padded queries"
+        if not _padded(k):
+            return "exact: keys not padded"  # (only their strides carry a symbol)
         kd = len(k.shape) - 2
         if set(_padded(k)) != {kd} or _padded(k) != _padded(v) or any(x not in (None, 0, 0.0, False) for x in extra):
             return "exact: masked or causal attention"
@@ -365,6 +367,10 @@ def plan_capacity(sym: SymbolicStep, capacity: Mapping[str, int], masked_attenti
 def _plan(sym: SymbolicStep, capacity: Mapping[str, int], masked_attention) -> tuple:
     if set(capacity) != set(sym.dims):
         raise CapacityRefused(f"capacity for {sorted(capacity)}, the step's dims are {sorted(sym.dims)}")
+    at_cap = _binding(sym, capacity)
+    for g in sym.guards:  # the capacity is a length the step serves
+        if _value(g, at_cap, "a guard") is not True:
+            raise CapacityRefused(f"the capacity {dict(capacity)} is outside the step's guard {g}")
     walk = _Walk(sym, masked_attention)
     names = {d: str(s) for d, s in sym.symbols.items()}
     extents = tuple(sorted({str(e) for e in walk.extents}))

@@ -196,6 +196,8 @@ def forward(self, dim_prompt, len_prompt, in_x, state_cache, buf_buf):
             cap.check_dims(plan, sym, {"other": 6})
         with pytest.raises(cap.CapacityRefused, match="capacity for"):
             cap.plan_capacity(sym, {"other": 40})
+        with pytest.raises(cap.CapacityRefused, match=r"capacity \{'prompt': 3\} is outside the step's guard"):
+            cap.plan_capacity(sym, {"prompt": 3})
 
     def test_attention_step_runs_each_op_as_its_rule_says_and_exact(self):
         sym = attention_step()
