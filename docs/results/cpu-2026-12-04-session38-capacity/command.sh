@@ -9,4 +9,4 @@ OMP_NUM_THREADS=1 CADENCE_FX_CACHE_DIR=$(mktemp -d) python benchmarks/capacity_f
     --prompt-frames 150,500 --masked-attention --json masked-2steps.json
 # again at 024c22b (after the review's fixes: exact nodes read copies in the step's own layout, a second
 # shape check at the traced dims), the first command with --json exact-5steps-024c22b.json: the same
-# verdicts (every admitted length exact, 376 refused by the guard), the same modes; rewrite 4.0-4.4 s.
+# verdicts (every admitted length exact, 376 refused by the guard), the same modes; rewrite 3.7-4.4 s.
