@@ -63,6 +63,7 @@ def pieces_of(gm: fx.GraphModule, scope: str) -> list[list[fx.Node]]:
         mode = node.meta.get(_MODE)
         graphable = (not reads_host and node.target not in (capacity_ops.host_size, capacity_ops.to_capacity)
                      and node.target not in HOST_SYNC and mode != EXACT
+                     and torch.Tag.nondeterministic_seeded not in getattr(node.target, "tags", ())
                      and (mode is not None or node.target is capacity_ops.device_size)
                      and (not scope or scope in meta.scopes(node) or node.target is capacity_ops.device_size))
         if not graphable:
@@ -123,12 +124,11 @@ class Replayer(fx.Interpreter):
                     continue
                 if self.stable.get(id(v)) is v:
                     bound[a] = v  # its memory, at every replay
-                elif a in written:
-                    raise RuntimeError(f"piece at {head.name} writes {a.name}, which an island made")
                 else:
-                    bufs[a] = v.clone()  # an island's value: copied in before each replay
+                    bufs[a] = v.clone()  # an island's value: copied in before each replay (and back, if written)
             outputs = [n for n in piece if any(u not in members for u in n.users)]
-            st = self.state[head] = {"graph": None, "bufs": bufs, "bound": bound, "outputs": outputs}
+            st = self.state[head] = {"graph": None, "bufs": bufs, "bound": bound, "outputs": outputs,
+                                     "back": [a for a in bufs if a in written]}
         for a, t in st["bound"].items():
             if self.env[a] is not t:
                 raise RuntimeError(f"piece at {head.name}: {a.name} is no longer the memory it was captured on")
@@ -170,6 +170,8 @@ class Replayer(fx.Interpreter):
             st["graph"].replay()
             results = st["results"]
             self.replays += 1
+        for a in st["back"]:  # what the piece wrote into an island's value, into that value's memory
+            self.env[a].copy_(st["bufs"][a])
         for n, r in zip(st["outputs"], results):
             self.env[n] = self.hold(r) if isinstance(r, torch.Tensor) else r
         for n in piece:
@@ -183,7 +185,8 @@ def main(argv=None) -> int:
     p.add_argument("--capacity", type=int, default=500)
     p.add_argument("--prompt-frames", default="150,176,222,300,418,500")
     p.add_argument("--entry", type=int, default=-1, help="which recorded entry (-1: the last, the steady one)")
-    p.add_argument("--scope", default="estimator")
+    p.add_argument("--scope", default="estimator", help='"" for every piece of the chunk (random draws, '
+                   'host reads and islands stay eager)')
     p.add_argument("--attention", choices=("exact", "masked", "probe"), default="probe")
     p.add_argument("--device", default="cpu")
     p.add_argument("--reps", type=int, default=3)
