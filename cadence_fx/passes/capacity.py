@@ -95,7 +95,8 @@ def check_shapes(gm: fx.GraphModule, sym: SymbolicStep, plan: CapacityPlan) -> N
         check_shapes_at(gm, sym, plan, sym.dims)
 
 
-def check_shapes_at(gm: fx.GraphModule, sym: SymbolicStep, plan: CapacityPlan, dims) -> None:
+def check_shapes_at(gm: fx.GraphModule, sym: SymbolicStep, plan: CapacityPlan, dims, keep_values: bool = False) -> None:
+    """``check_shapes`` at ``dims``; ``keep_values``: each node's fake value stays in ``meta["val"]``."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
     at_cap, here = _binding(sym, plan.capacity), _binding(sym, dims)
@@ -139,8 +140,9 @@ def check_shapes_at(gm: fx.GraphModule, sym: SymbolicStep, plan: CapacityPlan, d
         got = shapes(node.meta.get("val"), None)
         if expected != got:
             raise CapacityRefused(f"{src} ({how}) is {got} at {dict(dims)}, not {expected}")
-    for node in gm.graph.nodes:
-        node.meta.pop("val", None)  # sizes of one run, not of the graph
+    if not keep_values:
+        for node in gm.graph.nodes:
+            node.meta.pop("val", None)  # sizes of one run, not of the graph
 
 
 class _Emit:

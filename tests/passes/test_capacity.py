@@ -185,6 +185,16 @@ def forward(self, dim_prompt, len_prompt, in_x, state_cache, buf_buf):
             for fill in FILLS:
                 assert_exact(sym, gm, plan, "prompt", prompt, fill, seed=prompt)
 
+    def test_fake_values_at_the_capacity_kept_on_request(self):
+        """What the compiler's passes read of a graph (``meta["val"]``): each node's value at the
+        capacity, kept by ``check_shapes_at(keep_values=True)``, dropped otherwise."""
+        sym = cache_step()
+        gm, plan = cap.capacity_form(sym, {"prompt": 40})
+        self.assertFalse(any("val" in n.meta for n in gm.graph.nodes))
+        cap.check_shapes_at(gm, sym, plan, {"prompt": 40}, keep_values=True)
+        [out] = [n for n in gm.graph.nodes if n.op == "output"]
+        self.assertEqual([tuple(a.meta["val"].shape) for a in out.args[0]], [(1, 44), (1, 44)])
+
     def test_dims_past_the_capacity_or_the_guards_are_refused_by_name(self):
         sym = cache_step()
         plan = cap.plan_capacity(sym, {"prompt": 40})
