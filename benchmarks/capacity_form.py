@@ -100,7 +100,8 @@ def check_entry(sym, capacity: int, frames: list[int], fill: float, device, mask
         with torch.no_grad():
             torch.manual_seed(seed)
             t1 = time.perf_counter()
-            got = gm(s, torch.tensor(s, device=device), *padded.values())
+            with cap.at_dims({"prompt_frames": s}):
+                got = gm(*cap.arguments(gm, padded, {"prompt_frames": torch.tensor(s, device=device)}))
             row["run_s"] = round(time.perf_counter() - t1, 3)
         row.update(compare(want, got, buffers, padded))
         out["lengths"].append(row)

@@ -39,7 +39,7 @@ import capacity_form as cf  # noqa: E402
 
 
 def pieces_of(gm: fx.GraphModule, scope: str) -> list[list[fx.Node]]:
-    """Maximal runs of nodes that read no host int (a ``dim_*`` placeholder, a ``host_size``)
+    """Maximal runs of nodes that read no host int (a ``host_size``)
     and run no exact node, in ``scope`` (all: ``""``).  A piece may read an island's values:
     a piece never reads a padded one (``capacity_plan``), so their sizes are the same at every length."""
     from cadence_fx import step as meta
@@ -50,8 +50,6 @@ def pieces_of(gm: fx.GraphModule, scope: str) -> list[list[fx.Node]]:
     out, run = [], []
     for node in gm.graph.nodes:
         if node.op == "placeholder":
-            if node.name.startswith("dim_"):
-                host.add(node)
             continue
         if node.op == "get_attr":
             continue  # a constant: the pieces read it where it is
@@ -61,11 +59,11 @@ def pieces_of(gm: fx.GraphModule, scope: str) -> list[list[fx.Node]]:
             continue
         reads_host = any(a in host for a in node.all_input_nodes)
         mode = node.meta.get(_MODE)
-        graphable = (not reads_host and node.target not in (capacity_ops.host_size, capacity_ops.to_capacity)
+        sizes = node.target is capacity_ops.DEVICE_SIZE
+        graphable = (not reads_host and node.target not in (capacity_ops.host_size, capacity_ops.TO_CAPACITY)
                      and node.target not in HOST_SYNC and mode != EXACT
                      and torch.Tag.nondeterministic_seeded not in getattr(node.target, "tags", ())
-                     and (mode is not None or node.target is capacity_ops.device_size)
-                     and (not scope or scope in meta.scopes(node) or node.target is capacity_ops.device_size))
+                     and (mode is not None or sizes) and (not scope or scope in meta.scopes(node) or sizes))
         if not graphable:
             if node.target is capacity_ops.host_size:
                 host.add(node)  # a host int (an island's values are device tensors: a piece may read them)
@@ -75,7 +73,7 @@ def pieces_of(gm: fx.GraphModule, scope: str) -> list[list[fx.Node]]:
         run.append(node)
     if run:
         out.append(run)
-    return [r for r in out if any(n.target is not capacity_ops.device_size for n in r)]
+    return [r for r in out if any(n.target is not capacity_ops.DEVICE_SIZE for n in r)]
 
 
 class Replayer(fx.Interpreter):
@@ -104,7 +102,6 @@ class Replayer(fx.Interpreter):
         return self.hold(value) if n.op == "get_attr" and isinstance(value, torch.Tensor) else value
 
     def _piece(self, piece: list) -> None:
-        from cadence_fx.passes import capacity_ops
         from cadence_fx.passes.base import view_root, written_args
         members = set(piece)
         inputs = list(dict.fromkeys(a for n in piece for a in n.all_input_nodes if a not in members))
@@ -114,9 +111,7 @@ class Replayer(fx.Interpreter):
         head = piece[0]
         st = self.state.get(head)
         if st is None:
-            written = {view_root(n.args[0]) if n.target is capacity_ops.masked_copy else view_root(w)
-                       for n in piece for w in ([n.args[0]] if n.target is capacity_ops.masked_copy
-                                                else written_args(n))}
+            written = {view_root(w) for n in piece for w in written_args(n)}
             bufs, bound = {}, {}
             for a in inputs:
                 v = self.env[a]
@@ -235,8 +230,8 @@ def main(argv=None) -> int:
             torch.manual_seed(args.seed)
             sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
             sync(); t1 = time.perf_counter()
-            with torch.no_grad():
-                got = replayer.run(s, lens, *held.values())
+            with torch.no_grad(), cap.at_dims({"prompt_frames": s}):
+                got = replayer.run(*cap.arguments(gm, held, {"prompt_frames": lens}))
             sync(); times.append(time.perf_counter() - t1)
             if rep == 0:
                 row.update(cf.compare(want, got, buffers, held))

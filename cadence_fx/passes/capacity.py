@@ -5,8 +5,9 @@ dims, so every prompt length has graphs of its own (a new voice: a specializatio
 capture).  Here the step is rewritten once, at a capacity ``C`` of each dim: every
 tensor whose size carries a symbol is held at its size at ``C`` (a *padded* value), its
 live part a prefix, on each symbolic dim, of its size at the stream's value ``s``; what
-lies past it is never read as a result.  The graph takes each dim twice: ``dim_<d>``, a
-host int (``s``), and ``len_<d>``, the same value as a device int64 scalar.
+lies past it is never read as a result.  The graph takes each dim twice: as the host int
+its caller runs it at (``capacity_ops.at_dims``, read by the islands), and as an input
+``len_<d>``, the same value as a device int64 scalar (read by the rest).
 
 Each node that touches a symbol runs one of two ways (``capacity_plan``'s rules decide;
 ``CapacityPlan`` says which and why):
@@ -33,6 +34,7 @@ whose extents would not fit, and one outside the step's guards.
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from typing import Mapping
 
@@ -42,30 +44,42 @@ import torch.fx as fx
 from .. import step as meta
 from ..step import Role
 from .base import returns_written, written_args
-from .capacity_ops import (device_size, faithful, host_size, masked_attention, masked_copy, offset_cat,
-                           probe_masked_attention, to_capacity, within)
+from .capacity_ops import (DEVICE_SIZE, FAITHFUL, MASKED_ATTENTION, MASKED_COPY, OFFSET_CAT, TO_CAPACITY, at_dims,
+                           host_size, probe_masked_attention, within)
 from .capacity_plan import (_ASSERTS, _MODE, _OF, CAPACITY, DEVICE, EXACT, CapacityPlan, CapacityRefused, _binding,
                             _name, _padded, _plan, _symbolic, _Walk, check_dims, exact_view, plan_capacity)
 from .specialize import _value, module_without_code
 from .trace_symbolic import SymbolicStep, SymTensor, _free_symbols
 
-__all__ = ["CapacityPlan", "CapacityRefused", "capacity_form", "check_dims", "check_shapes", "plan_capacity"]
+__all__ = ["CapacityPlan", "CapacityRefused", "arguments", "at_dims", "capacity_form", "check_dims", "check_shapes",
+           "plan_capacity"]
 aten = torch.ops.aten
 
 
-def capacity_form(sym: SymbolicStep, capacity: Mapping[str, int],
-                  masked_attention=False) -> tuple[fx.GraphModule, CapacityPlan]:
+def capacity_form(sym: SymbolicStep, capacity: Mapping[str, int], masked_attention=False,
+                  buffers: "Mapping[str, torch.Tensor] | None" = None) -> tuple[fx.GraphModule, CapacityPlan]:
     """``sym`` rewritten to run at every value of its dims up to ``capacity`` (see the
-    module doc), and its plan.  The graph takes ``dim_<d>`` (host ints), ``len_<d>``
-    (device int64 scalars), then ``sym``'s inputs, state and buffers (``buf_*`` stay
-    placeholders), each padded one at its size at the capacity, its live part a prefix;
-    it returns ``sym``'s outputs so, padded ones at the capacity.  Call ``check_dims``
-    before running it at new dims.  ``masked_attention``: see ``plan_capacity``
-    (``attention_probe`` makes a probe that asks the device)."""
+    module doc), and its plan.  The graph takes ``sym``'s inputs, then one more input per
+    dim, ``len_<d>`` (its value, a device int64 scalar; placeholder ``in_len_<d>``), then
+    ``sym``'s state and buffers: each padded one at its size at the capacity, its live
+    part a prefix.  It returns ``sym``'s outputs so, padded ones at the capacity.  It runs
+    inside ``capacity_ops.at_dims({d: value})`` (the host sizes its islands read); call
+    ``check_dims`` before running it at new dims.  ``buffers``: region -> the tensor (at the
+    capacity) its ``buf_<region>`` placeholder becomes, a ``get_attr`` as ``specialize``
+    makes it (None: they stay placeholders, last).  ``masked_attention``: see
+    ``plan_capacity`` (``attention_probe`` makes a probe that asks the device)."""
     plan, walk = _plan(sym, capacity, masked_attention)
-    gm = _Emit(sym, walk, plan).module()
+    gm = _Emit(sym, walk, plan, buffers).module()
     check_shapes(gm, sym, plan)
     return gm, plan
+
+
+def arguments(gm: fx.GraphModule, tensors: Mapping[str, torch.Tensor],
+              lengths: Mapping[str, torch.Tensor]) -> list:
+    """``gm``'s positional arguments: ``tensors`` by placeholder name (``in_*``, ``state_*``,
+    ``buf_*``) and each dim's device length by dim name."""
+    return [lengths[n.target[len("in_len_"):]] if n.target.startswith("in_len_") else tensors[n.target]
+            for n in gm.graph.nodes if n.op == "placeholder"]
 
 
 def attention_probe(sym: SymbolicStep, capacity: Mapping[str, int], values: Mapping[str, "list[int]"], device,
@@ -102,11 +116,11 @@ def check_shapes_at(gm: fx.GraphModule, sym: SymbolicStep, plan: CapacityPlan, d
     at_cap, here = _binding(sym, plan.capacity), _binding(sym, dims)
     device = meta.traced_device(sym.gm)
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    args = [int(dims[d]) for d in sym.dims]
     with mode:
-        args += [torch.tensor(int(dims[d]), device=device) for d in sym.dims]
-        args += [torch.empty([_value(x, at_cap, "a size") for x in p.shape], dtype=p.dtype, device=device)
-                 for p in sym.placeholders if not p.name.startswith("dim_")]
+        lengths = {d: torch.tensor(int(dims[d]), device=device) for d in sym.dims}
+        fakes = {p.name: torch.empty([_value(x, at_cap, "a size") for x in p.shape], dtype=p.dtype, device=device)
+                 for p in sym.placeholders if not p.name.startswith("dim_")}
+    args = arguments(gm, fakes, lengths)
     want = {n.name: n.meta.get(meta.SYM) for n in sym.gm.graph.nodes}
 
     def recorded(v):  # a static node's value, as the trace recorded it (no symbol in it)
@@ -121,7 +135,8 @@ def check_shapes_at(gm: fx.GraphModule, sym: SymbolicStep, plan: CapacityPlan, d
             with mode:
                 n.meta["val"] = value = recorded(want[n.meta[_OF]])
             return value
-    Prop(gm, mode).propagate(*args)
+    with at_dims(dims):
+        Prop(gm, mode).propagate(*args)
 
     def shapes(v, binding):
         if isinstance(v, SymTensor):
@@ -148,26 +163,50 @@ def check_shapes_at(gm: fx.GraphModule, sym: SymbolicStep, plan: CapacityPlan, d
 class _Emit:
     """The capacity graph, node by node as ``_Walk`` decided."""
 
-    def __init__(self, sym: SymbolicStep, walk: _Walk, plan: CapacityPlan):
-        self.sym, self.walk, self.g = sym, walk, fx.Graph()
+    def __init__(self, sym: SymbolicStep, walk: _Walk, plan: CapacityPlan, buffers=None):
+        self.sym, self.walk, self.plan, self.g = sym, walk, plan, fx.Graph()
         self.names = tuple(str(sym.symbols[d]) for d in sym.dims)
+        self.dims = tuple(sym.dims)
         self.at_capacity = _binding(sym, plan.capacity)
+        self.buffers, self.attrs, self.pending = buffers, {}, []
         self.cap_env: dict = {}
         self.exact_env: dict = {}
         self.own_layout: set = set()  # nodes whose exact form is laid out as the step lays it out
         self.memo: dict = {}
-        self.host = [self.g.placeholder(f"dim_{d}") for d in sym.dims]
-        for h, d in zip(self.host, sym.dims):
-            meta.tag(h, Role.DIM, name=d)
-        self.dev = [self.g.placeholder(f"len_{d}") for d in sym.dims]
-        for h, d in zip(self.host, sym.dims):  # a length past the capacity never runs (check_dims says more)
-            self.g.call_function(within, (h, int(plan.capacity[d]), f"dim_{d}"))
+        self.dev: list = []
         for node in sym.gm.graph.nodes:
             self._emit(node)
 
+    def _lengths(self) -> None:
+        """The device lengths, as inputs after the step's own (once, where the inputs end)."""
+        if self.dev:
+            return
+        for d in self.dims:
+            n = self.g.placeholder(f"in_len_{d}")
+            meta.tag(n, Role.INPUT, name=f"len_{d}")
+            self.dev.append(n)
+
+    def _placeholders_end(self) -> None:
+        """After the last placeholder: the bound buffers' ``get_attr``s, and the dims' check."""
+        self._lengths()
+        if self.pending is None:
+            return
+        for b in self.pending:
+            region = meta.region(b)
+            attr = f"_cadence_buffer_{region}"
+            self.attrs[attr] = self.buffers[region]
+            get = self.g.create_node("get_attr", attr)
+            meta.tag(get, Role.BUFFER, region=region)
+            self.cap_env[b] = get
+            if not _padded(b.meta.get(meta.SYM)):
+                self.exact_env[b] = get
+        self.pending = None  # a dim past the capacity never runs (check_dims says more):
+        self.g.call_function(within, (self.dims, tuple(int(self.plan.capacity[d]) for d in self.dims)))
+
     def module(self) -> fx.GraphModule:
-        gm = module_without_code(self.sym.gm, self.g)
-        gm.meta[meta.SIGNATURE] = meta.signature(self.sym.gm)
+        gm = module_without_code(self.sym.gm, self.g, self.attrs)
+        sig = meta.signature(self.sym.gm)
+        gm.meta[meta.SIGNATURE] = dataclasses.replace(sig, inputs=sig.inputs + tuple(f"len_{d}" for d in self.dims))
         gm.meta[meta.DEVICE] = meta.traced_device(self.sym.gm)
         self.g.lint()
         gm.recompile()
@@ -175,14 +214,16 @@ class _Emit:
 
     # sizes
     def size(self, e, form: str):
-        if not _symbolic(e):
+        """``e`` as ``form`` reads it: a constant at the capacity, a host int (``host_size``),
+        or a device scalar (``DEVICE_SIZE``; a constant ``e`` too, where asked for one)."""
+        if not _symbolic(e) and form != DEVICE:
             return _value(e, {}, "a size")
         if form == CAPACITY:
             return _value(e, self.at_capacity, "a size")
         key = (form, str(e))
         if key not in self.memo:
-            fn, at = (host_size, self.host) if form == EXACT else (device_size, self.dev)
-            self.memo[key] = self.g.call_function(fn, (str(e), self.names, *at))
+            self.memo[key] = (self.g.call_function(host_size, (str(e), self.names, self.dims)) if form == EXACT
+                              else self.g.call_function(DEVICE_SIZE, (str(e), ",".join(self.names), list(self.dev))))
         return self.memo[key]
 
     def exact_of(self, a: fx.Node):
@@ -214,7 +255,7 @@ class _Emit:
         storage offset): a copy, made where it is read (the memory may be written in between)."""
         v = a.meta[meta.SYM]
         host = lambda xs: [self.size(x, EXACT) for x in xs]  # noqa: E731
-        return self.g.call_function(faithful, (self.exact_of(a), host(v.shape), host(v.stride),
+        return self.g.call_function(FAITHFUL, (self.exact_of(a), host(v.shape), host(v.stride),
                                                self.size(v.offset, EXACT)))
 
     def call(self, node: fx.Node, target, args, kwargs=None, mode: str = "") -> fx.Node:
@@ -228,12 +269,20 @@ class _Emit:
         if node in w.scalar or (node.op == "call_function" and node.target in _ASSERTS):
             return
         if node.op == "placeholder":
+            if meta.role(node) is Role.DIM:
+                return
+            if not node.name.startswith("in_"):
+                self._lengths()
+            if meta.role(node) is Role.BUFFER and self.buffers is not None:
+                self.pending.append(node)  # a get_attr of the bound tensor, where the placeholders end
+                return
             new = self.g.placeholder(node.name)
             new.meta.update({k: v for k, v in node.meta.items() if k != meta.SYM})
             self.cap_env[node] = new
             if not _padded(v):
                 self.exact_env[node] = new
             return
+        self._placeholders_end()
         if node.op == "output":
             outs = []
             for a in node.args[0]:
@@ -243,7 +292,7 @@ class _Emit:
                     outs.append(self.cap_env[a])
                 else:
                     shape = [self.size(e, CAPACITY) for e in a.meta[meta.SYM].shape]
-                    outs.append(self.g.call_function(to_capacity, (self.exact_env[a], shape)))
+                    outs.append(self.g.call_function(TO_CAPACITY, (self.exact_env[a], shape)))
             self.g.output(tuple(outs))
             return
         if node.op == "get_attr" or node not in w.mode:  # static: one form
@@ -298,16 +347,19 @@ class _Emit:
             d = (node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)) % len(v.shape)
             offsets, total = [], 0
             for p in parts:
-                offsets.append(self.size(total, DEVICE) if _symbolic(total) else int(total))
+                offsets.append(self.size(total, DEVICE))
                 total = total + p.meta[meta.SYM].shape[d]
-            return self.call(node, offset_cat, (list(args[0]), d, offsets), mode=how)
+            return self.call(node, OFFSET_CAT, (list(args[0]), d, offsets), mode=how)
         if how == "masked write":
             dst = node.args[0].meta[meta.SYM]
-            dims = tuple(sorted(_padded(dst)))
+            dims = sorted(_padded(dst))
             lengths = [self.size(_padded(dst)[d], DEVICE) for d in dims]
-            return self.call(node, masked_copy, (args[0], args[1], dims, *lengths), mode=how)
+            write = self.call(node, MASKED_COPY, (args[0], args[1], dims, lengths), mode=how)
+            del write.meta[_OF]  # returns nothing: copy_'s value is its destination, written
+            return args[0]
         if how == "masked attention":
             k = node.args[1].meta[meta.SYM]
             length = self.size(k.shape[len(k.shape) - 2], DEVICE)
-            return self.call(node, masked_attention, (args[0], args[1], args[2], length), kwargs, mode=how)
+            return self.call(node, MASKED_ATTENTION, (args[0], args[1], args[2], length, kwargs.get("scale")),
+                             mode=how)
         return self.call(node, node.target, args, kwargs, how)

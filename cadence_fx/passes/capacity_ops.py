@@ -9,8 +9,10 @@ padded destination, and attention over padded keys.
 from __future__ import annotations
 
 import builtins
+import contextlib
+import contextvars
 import functools
-from typing import Mapping, Sequence
+from typing import List, Mapping, Optional, Sequence  # List: torch 2.5's custom_op schemas
 
 import torch
 
@@ -25,7 +27,30 @@ def _code(text: str):
     return compile(text, "<size>", "eval")
 
 
-def host_size(text: str, names: tuple, *values: int) -> int:
+#: the dims a capacity-form graph runs at, set by its caller around a call (``at_dims``): one
+#: graph serves streams at several lengths, each call reading its own (per thread, per task)
+_DIMS: contextvars.ContextVar = contextvars.ContextVar("cadence_fx_capacity_dims", default=None)
+
+
+@contextlib.contextmanager
+def at_dims(dims: Mapping[str, int]):
+    """Run capacity-form graphs inside this block at ``dims`` (dim name -> value)."""
+    token = _DIMS.set({d: int(v) for d, v in dims.items()})
+    try:
+        yield
+    finally:
+        _DIMS.reset(token)
+
+
+def _current(dims: tuple) -> tuple:
+    now = _DIMS.get()
+    if now is None or any(d not in now for d in dims):
+        raise RuntimeError(f"a capacity-form graph runs inside capacity_ops.at_dims naming {list(dims)} "
+                           f"(it has {now})")
+    return tuple(now[d] for d in dims)
+
+
+def size_at(text: str, names: tuple, *values: int) -> int:
     """The size ``text`` (a Python expression over ``names``) at host ints ``values``."""
     v = eval(_code(text), _GLOBALS, dict(zip(names, values)))
     if type(v) is not int:
@@ -33,13 +58,26 @@ def host_size(text: str, names: tuple, *values: int) -> int:
     return v
 
 
-def within(value: int, capacity: int, name: str) -> None:
-    """Refuse a dim outside ``[0, capacity]`` (the graph's first node)."""
-    if not 0 <= value <= capacity:
-        raise ValueError(f"{name} = {value} is outside the capacity form's 0..{capacity}")
+@torch.fx.node.has_side_effect  # reads its caller's dims: never folded into a constant, never dropped
+def host_size(text: str, names: tuple, dims: tuple) -> int:
+    """The size ``text`` over symbols ``names`` at the dims ``dims`` the caller runs at (``at_dims``)."""
+    return size_at(text, names, *_current(dims))
 
 
-def faithful(x: torch.Tensor, shape: Sequence[int], stride: Sequence[int], offset: int) -> torch.Tensor:
+@torch.fx.node.has_side_effect
+def within(dims: tuple, capacities: tuple) -> None:
+    """Refuse dims outside ``[0, capacity]`` (the graph's first node)."""
+    for d, v, c in zip(dims, _current(dims), capacities):
+        if not 0 <= v <= c:
+            raise ValueError(f"{d} = {v} is outside the capacity form's 0..{c}")
+
+
+# The ops below are torch custom ops (``torch.ops.cadence_fx.*``): their schemas say what each
+# reads and writes, so the compiler's analyses (aliasing, write-backs, constant folding) see them
+# as they see aten's, and each has a fake implementation for shape propagation.
+
+@torch.library.custom_op("cadence_fx::capacity_faithful", mutates_args=())
+def faithful(x: torch.Tensor, shape: List[int], stride: List[int], offset: int) -> torch.Tensor:
     """``x``'s values in a tensor of ``shape``, ``stride`` and storage ``offset`` (the layout
     the step gives the value: what a stride-sensitive kernel reads the same way)."""
     span = 0 if 0 in shape else 1 + sum((n - 1) * st for n, st in zip(shape, stride))
@@ -47,9 +85,23 @@ def faithful(x: torch.Tensor, shape: Sequence[int], stride: Sequence[int], offse
     return out.copy_(x)
 
 
-def device_size(text: str, names: tuple, *values: torch.Tensor) -> torch.Tensor:
-    """The size ``text`` at device int64 scalars ``values`` (``//``, ``+``, ``*``, ``-``: device ops)."""
-    return eval(_code(text), _GLOBALS, dict(zip(names, values)))
+@faithful.register_fake
+def _(x, shape, stride, offset):
+    return torch.empty_strided(shape, stride, dtype=x.dtype, device=x.device)
+
+
+@torch.library.custom_op("cadence_fx::capacity_device_size", mutates_args=())
+def device_size(text: str, names: str, values: List[torch.Tensor]) -> torch.Tensor:
+    """The size ``text`` at device int64 scalars ``values`` of the symbols ``names`` (comma
+    separated; ``//``, ``+``, ``*``, ``-``: device ops), a device int64 scalar (a constant text:
+    filled on the device, no host copy)."""
+    v = eval(_code(text), _GLOBALS, dict(zip(names.split(","), values)))
+    return v.clone() if isinstance(v, torch.Tensor) else values[0].new_full((), int(v))
+
+
+@device_size.register_fake
+def _(text, names, values):
+    return values[0].new_empty(())
 
 
 def _live_mask(shape: Sequence[int], dims: Mapping[int, torch.Tensor], device) -> torch.Tensor:
@@ -63,13 +115,18 @@ def _live_mask(shape: Sequence[int], dims: Mapping[int, torch.Tensor], device) -
     return mask
 
 
-def offset_cat(parts: Sequence[torch.Tensor], dim: int, offsets: Sequence[torch.Tensor]) -> torch.Tensor:
+def _cat_shape(parts, dim):
+    shape = list(parts[0].shape)
+    shape[dim] = sum(p.shape[dim] for p in parts)
+    return shape, functools.reduce(torch.promote_types, (p.dtype for p in parts))  # as cat promotes
+
+
+@torch.library.custom_op("cadence_fx::capacity_offset_cat", mutates_args=())
+def offset_cat(parts: List[torch.Tensor], dim: int, offsets: List[torch.Tensor]) -> torch.Tensor:
     """``cat`` along a padded ``dim``: part ``i`` (whole, at capacity) written from device
     offset ``offsets[i]`` (the live sizes before it), in order, so each part's live prefix
     follows the one before it (past the last one: the last part's padding, then zeros)."""
-    shape = list(parts[0].shape)
-    shape[dim] = sum(p.shape[dim] for p in parts)
-    dtype = functools.reduce(torch.promote_types, (p.dtype for p in parts))  # as cat promotes
+    shape, dtype = _cat_shape(parts, dim)
     out = parts[0].new_zeros(shape, dtype=dtype)
     for p, off in zip(parts, offsets):
         index = torch.arange(p.shape[dim], device=p.device) + off
@@ -77,14 +134,28 @@ def offset_cat(parts: Sequence[torch.Tensor], dim: int, offsets: Sequence[torch.
     return out
 
 
-def masked_copy(dst: torch.Tensor, src: torch.Tensor, dims: tuple, *lengths: torch.Tensor) -> torch.Tensor:
+@offset_cat.register_fake
+def _(parts, dim, offsets):
+    shape, dtype = _cat_shape(parts, dim)
+    return parts[0].new_empty(shape, dtype=dtype)
+
+
+@torch.library.custom_op("cadence_fx::capacity_masked_copy", mutates_args=("dst",))
+def masked_copy(dst: torch.Tensor, src: torch.Tensor, dims: List[int], lengths: List[torch.Tensor]) -> None:
     """``dst.copy_(src)`` inside ``dst``'s live prefix on ``dims`` (device lengths); past it
     ``dst`` keeps its own values (a select, bit for bit)."""
     mask = _live_mask(dst.shape, dict(zip(dims, lengths)), dst.device)
-    return dst.copy_(torch.where(mask, src, dst))
+    dst.copy_(torch.where(mask, src, dst))
 
 
-def masked_attention(q, k, v, length: torch.Tensor, *args, **kwargs):
+@masked_copy.register_fake
+def _(dst, src, dims, lengths):
+    return None
+
+
+@torch.library.custom_op("cadence_fx::capacity_masked_attention", mutates_args=())
+def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: torch.Tensor,
+                     scale: Optional[float] = None) -> torch.Tensor:
     """``scaled_dot_product_attention`` over keys padded on dim -2, live below ``length``:
     the padding is zeroed (it may hold anything) and masked out."""
     live = torch.arange(k.shape[-2], device=k.device) < length
@@ -93,14 +164,25 @@ def masked_attention(q, k, v, length: torch.Tensor, *args, **kwargs):
         torch.where(keep, v, torch.zeros((), dtype=v.dtype, device=v.device))
     # the mask as benchmarks/length_free_attention.py measured it exact: [batch, 1, queries, keys]
     mask = live.view(1, 1, 1, -1).expand(q.shape[0], 1, q.shape[-2], -1).contiguous()
-    return torch.nn.functional.scaled_dot_product_attention(q, k, v, mask, *args, **kwargs)
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, mask, scale=scale)
 
 
-def to_capacity(x: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+@masked_attention.register_fake
+def _(q, k, v, length, scale=None):
+    return q.new_empty(tuple(q.shape[:-1]) + (v.shape[-1],))
+
+
+@torch.library.custom_op("cadence_fx::capacity_to_capacity", mutates_args=())
+def to_capacity(x: torch.Tensor, shape: List[int]) -> torch.Tensor:
     """``x`` (exact sizes) as a padded value of ``shape``: its values in the prefix, zeros past it."""
     out = x.new_zeros(shape)
     out[tuple(slice(0, n) for n in x.shape)].copy_(x)
     return out
+
+
+@to_capacity.register_fake
+def _(x, shape):
+    return x.new_empty(shape)
 
 
 def probe_masked_attention(q_shape: Sequence[int], k_shape: Sequence[int], v_shape: Sequence[int],
@@ -122,3 +204,12 @@ def probe_masked_attention(q_shape: Sequence[int], k_shape: Sequence[int], v_sha
             if not torch.equal(want, masked_attention(q, kp, vp, torch.tensor(n, device=device))):
                 return False
     return True
+
+
+#: the overloads a capacity-form graph calls (what its nodes' targets are)
+FAITHFUL = torch.ops.cadence_fx.capacity_faithful.default
+DEVICE_SIZE = torch.ops.cadence_fx.capacity_device_size.default
+OFFSET_CAT = torch.ops.cadence_fx.capacity_offset_cat.default
+MASKED_COPY = torch.ops.cadence_fx.capacity_masked_copy.default
+MASKED_ATTENTION = torch.ops.cadence_fx.capacity_masked_attention.default
+TO_CAPACITY = torch.ops.cadence_fx.capacity_to_capacity.default

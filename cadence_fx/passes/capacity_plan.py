@@ -20,7 +20,7 @@ from .. import step as meta
 from ..errors import SpecializationRefused, TraceError
 from ..step import Role
 from .base import is_mutating, is_view, view_root, written_args
-from .capacity_ops import host_size
+from .capacity_ops import size_at
 from .specialize import _ASSERTS, _value
 from .trace_symbolic import SymbolicStep, SymTensor, _free_symbols
 
@@ -395,7 +395,7 @@ def _check_texts(sym, capacity, exprs) -> None:
         values = tuple(int(at[d]) for d in sym.dims)
         for e in exprs:
             try:
-                ok = host_size(str(e), names, *values) == _value(e, binding, "a size")
+                ok = size_at(str(e), names, *values) == _value(e, binding, "a size")
             except Exception:  # noqa: BLE001 - a text Python cannot evaluate
                 ok = False
             if not ok:
@@ -437,5 +437,5 @@ def check_dims(plan: CapacityPlan, sym: SymbolicStep, dims: Mapping[str, int]) -
     at = tuple(int(dims[d]) for d in sym.dims)
     cap = tuple(int(plan.capacity[d]) for d in sym.dims)
     for text in plan.extents:
-        if not 0 <= host_size(text, names, *at) <= host_size(text, names, *cap):
+        if not 0 <= size_at(text, names, *at) <= size_at(text, names, *cap):
             raise SpecializationRefused(f"size {text} at {dict(dims)} is past its size at the capacity")

@@ -59,7 +59,8 @@ def run_both(sym, gm, plan, dim: str, s: int, fill: float, seed: int = 0):
         torch.manual_seed(seed)
         want = specialize(sym, {dim: s}, tensors, buffers)(*tensors.values())
         torch.manual_seed(seed)
-        got = gm(s, torch.tensor(s), *padded.values())
+        with cap.at_dims({dim: s}):
+            got = gm(*cap.arguments(gm, padded, {dim: torch.tensor(s)}))
     return want, got, buffers, {n[4:]: t for n, t in padded.items() if n.startswith("buf_")}
 
 
@@ -142,44 +143,46 @@ capacity form: prompt <= 40; attention over padded keys: exact
         code = gm.code.strip().replace(str(sym.symbols["prompt"]), "s")
         if not WHOLE_SLICES_TRACED:
             self.assertExpectedInline(code, """\
-def forward(self, dim_prompt, len_prompt, in_x, state_cache, buf_buf):
-    within = cadence_fx_passes_capacity_ops_within(dim_prompt, 40, 'dim_prompt');  within = None
-    device_size = cadence_fx_passes_capacity_ops_device_size('s + 3', ('s',), len_prompt)
-    offset_cat = cadence_fx_passes_capacity_ops_offset_cat([state_cache, in_x], 1, [0, device_size]);  state_cache = in_x = device_size = None
-    slice_tensor = torch.ops.aten.slice.Tensor(offset_cat, 1, 0, 40, 1)
-    host_size = cadence_fx_passes_capacity_ops_host_size('s + 5', ('s',), dim_prompt);  dim_prompt = None
-    narrow_default = torch.ops.aten.narrow.default(offset_cat, 1, 0, host_size);  offset_cat = host_size = None
+def forward(self, in_x, in_len_prompt, state_cache, buf_buf):
+    within = cadence_fx_passes_capacity_ops_within(('prompt',), (40,));  within = None
+    capacity_device_size_default = torch.ops.cadence_fx.capacity_device_size.default('0', 's', [in_len_prompt])
+    capacity_device_size_default_1 = torch.ops.cadence_fx.capacity_device_size.default('s + 3', 's', [in_len_prompt])
+    capacity_offset_cat_default = torch.ops.cadence_fx.capacity_offset_cat.default([state_cache, in_x], 1, [capacity_device_size_default, capacity_device_size_default_1]);  state_cache = in_x = capacity_device_size_default_1 = None
+    slice_tensor = torch.ops.aten.slice.Tensor(capacity_offset_cat_default, 1, 0, 40, 1)
+    host_size = cadence_fx_passes_capacity_ops_host_size('s + 5', ('s',), ('prompt',))
+    narrow_default = torch.ops.aten.narrow.default(capacity_offset_cat_default, 1, 0, host_size);  capacity_offset_cat_default = host_size = None
     slice_tensor_1 = torch.ops.aten.slice.Tensor(narrow_default, 1, -4, 9223372036854775807);  narrow_default = None
-    device_size_1 = cadence_fx_passes_capacity_ops_device_size('s', ('s',), len_prompt)
-    offset_cat_1 = cadence_fx_passes_capacity_ops_offset_cat([slice_tensor, slice_tensor_1], 1, [0, device_size_1]);  slice_tensor = slice_tensor_1 = device_size_1 = None
+    capacity_device_size_default_2 = torch.ops.cadence_fx.capacity_device_size.default('s', 's', [in_len_prompt])
+    capacity_offset_cat_default_1 = torch.ops.cadence_fx.capacity_offset_cat.default([slice_tensor, slice_tensor_1], 1, [capacity_device_size_default, capacity_device_size_default_2]);  slice_tensor = slice_tensor_1 = capacity_device_size_default = capacity_device_size_default_2 = None
     slice_tensor_2 = torch.ops.aten.slice.Tensor(buf_buf, 1, 0, 44, 1)
-    device_size_2 = cadence_fx_passes_capacity_ops_device_size('s + 4', ('s',), len_prompt);  len_prompt = None
-    masked_copy = cadence_fx_passes_capacity_ops_masked_copy(slice_tensor_2, offset_cat_1, (1,), device_size_2);  slice_tensor_2 = device_size_2 = masked_copy = None
+    capacity_device_size_default_3 = torch.ops.cadence_fx.capacity_device_size.default('s + 4', 's', [in_len_prompt]);  in_len_prompt = None
+    capacity_masked_copy_default = torch.ops.cadence_fx.capacity_masked_copy.default(slice_tensor_2, capacity_offset_cat_default_1, [1], [capacity_device_size_default_3]);  slice_tensor_2 = capacity_device_size_default_3 = capacity_masked_copy_default = None
     slice_tensor_3 = torch.ops.aten.slice.Tensor(buf_buf, 1, 0, 44, 1);  buf_buf = None
     mul_tensor = torch.ops.aten.mul.Tensor(slice_tensor_3, 2);  slice_tensor_3 = None
-    return (mul_tensor, offset_cat_1)""")
+    return (mul_tensor, capacity_offset_cat_default_1)""")
         else:
             self.assertExpectedInline(code, """\
-def forward(self, dim_prompt, len_prompt, in_x, state_cache, buf_buf):
-    within = cadence_fx_passes_capacity_ops_within(dim_prompt, 40, 'dim_prompt');  within = None
-    device_size = cadence_fx_passes_capacity_ops_device_size('s + 3', ('s',), len_prompt)
-    offset_cat = cadence_fx_passes_capacity_ops_offset_cat([state_cache, in_x], 1, [0, device_size]);  state_cache = in_x = device_size = None
-    slice_tensor = torch.ops.aten.slice.Tensor(offset_cat, 0, 0, 9223372036854775807)
+def forward(self, in_x, in_len_prompt, state_cache, buf_buf):
+    within = cadence_fx_passes_capacity_ops_within(('prompt',), (40,));  within = None
+    capacity_device_size_default = torch.ops.cadence_fx.capacity_device_size.default('0', 's', [in_len_prompt])
+    capacity_device_size_default_1 = torch.ops.cadence_fx.capacity_device_size.default('s + 3', 's', [in_len_prompt])
+    capacity_offset_cat_default = torch.ops.cadence_fx.capacity_offset_cat.default([state_cache, in_x], 1, [capacity_device_size_default, capacity_device_size_default_1]);  state_cache = in_x = capacity_device_size_default_1 = None
+    slice_tensor = torch.ops.aten.slice.Tensor(capacity_offset_cat_default, 0, 0, 9223372036854775807)
     slice_tensor_1 = torch.ops.aten.slice.Tensor(slice_tensor, 1, 0, 40, 1);  slice_tensor = None
-    slice_tensor_2 = torch.ops.aten.slice.Tensor(offset_cat, 0, 0, 9223372036854775807);  offset_cat = None
-    host_size = cadence_fx_passes_capacity_ops_host_size('s + 5', ('s',), dim_prompt);  dim_prompt = None
+    slice_tensor_2 = torch.ops.aten.slice.Tensor(capacity_offset_cat_default, 0, 0, 9223372036854775807);  capacity_offset_cat_default = None
+    host_size = cadence_fx_passes_capacity_ops_host_size('s + 5', ('s',), ('prompt',))
     narrow_default = torch.ops.aten.narrow.default(slice_tensor_2, 1, 0, host_size);  slice_tensor_2 = host_size = None
     slice_tensor_3 = torch.ops.aten.slice.Tensor(narrow_default, 1, -4, 9223372036854775807);  narrow_default = None
-    device_size_1 = cadence_fx_passes_capacity_ops_device_size('s', ('s',), len_prompt)
-    offset_cat_1 = cadence_fx_passes_capacity_ops_offset_cat([slice_tensor_1, slice_tensor_3], 1, [0, device_size_1]);  slice_tensor_1 = slice_tensor_3 = device_size_1 = None
+    capacity_device_size_default_2 = torch.ops.cadence_fx.capacity_device_size.default('s', 's', [in_len_prompt])
+    capacity_offset_cat_default_1 = torch.ops.cadence_fx.capacity_offset_cat.default([slice_tensor_1, slice_tensor_3], 1, [capacity_device_size_default, capacity_device_size_default_2]);  slice_tensor_1 = slice_tensor_3 = capacity_device_size_default = capacity_device_size_default_2 = None
     slice_tensor_4 = torch.ops.aten.slice.Tensor(buf_buf, 0, 0, 9223372036854775807)
     slice_tensor_5 = torch.ops.aten.slice.Tensor(slice_tensor_4, 1, 0, 44, 1);  slice_tensor_4 = None
-    device_size_2 = cadence_fx_passes_capacity_ops_device_size('s + 4', ('s',), len_prompt);  len_prompt = None
-    masked_copy = cadence_fx_passes_capacity_ops_masked_copy(slice_tensor_5, offset_cat_1, (1,), device_size_2);  slice_tensor_5 = device_size_2 = masked_copy = None
+    capacity_device_size_default_3 = torch.ops.cadence_fx.capacity_device_size.default('s + 4', 's', [in_len_prompt]);  in_len_prompt = None
+    capacity_masked_copy_default = torch.ops.cadence_fx.capacity_masked_copy.default(slice_tensor_5, capacity_offset_cat_default_1, [1], [capacity_device_size_default_3]);  slice_tensor_5 = capacity_device_size_default_3 = capacity_masked_copy_default = None
     slice_tensor_6 = torch.ops.aten.slice.Tensor(buf_buf, 0, 0, 9223372036854775807);  buf_buf = None
     slice_tensor_7 = torch.ops.aten.slice.Tensor(slice_tensor_6, 1, 0, 44, 1);  slice_tensor_6 = None
     mul_tensor = torch.ops.aten.mul.Tensor(slice_tensor_7, 2);  slice_tensor_7 = None
-    return (mul_tensor, offset_cat_1)""")
+    return (mul_tensor, capacity_offset_cat_default_1)""")
         for prompt in (4, 6, 9, 23, 39, 40):
             cap.check_dims(plan, sym, {"prompt": prompt})
             for fill in FILLS:
@@ -339,8 +342,10 @@ def test_reviewed_steps_refused_by_name(case):
 def test_a_length_past_the_capacity_never_runs():
     sym = one_step(lambda x, c, b: c * 2)
     gm, _ = cap.capacity_form(sym, {"p": 20})
-    with pytest.raises(ValueError, match="dim_p = 21 is outside"):
-        gm(21, torch.tensor(21), torch.zeros(1, 2), torch.zeros(2, 20))
+    with pytest.raises(ValueError, match="p = 21 is outside the capacity form's 0..20"), cap.at_dims({"p": 21}):
+        gm(torch.zeros(1, 2), torch.tensor(21), torch.zeros(2, 20))
+    with pytest.raises(RuntimeError, match=r"runs inside capacity_ops.at_dims naming \['p'\]"):
+        gm(torch.zeros(1, 2), torch.tensor(5), torch.zeros(2, 20))  # no dims given: never a guess
 
 
 def test_mini_token2wav_entries_exact_at_other_prompt_lengths(t2w_mini):
@@ -365,3 +370,70 @@ def test_mini_token2wav_entries_exact_at_other_prompt_lengths(t2w_mini):
             assert_exact(sym, gm, plan, "prompt_frames", s, float("nan"), seed=s)
             checked += 1
     assert checked >= 2 * len(steps)
+
+
+def test_the_rule_s_passes_take_a_capacity_graph_and_one_arena_serves_every_length(t2w_mini):
+    """Architecture item 4's wiring, as far as it goes: each mini Token2Wav entry rewritten at a
+    capacity of 160 prompt frames, its buffers bound to an arena laid out by the plan at the
+    capacity, through the compiler's own rule-S passes (``StateRewrite`` puts the state in the
+    arena, ``EarlyWriteback`` checks it by running the graph); then the one graph runs in that
+    one arena at other prompt lengths (NaN past every live prefix) and leaves in the arena, and
+    returns, the bits ``specialize``'s graph gives at each length."""
+    from cadence_fx import step as meta
+    from cadence_fx.compiler import build_plan, region_bindings, region_buffers, rewrite_pipeline
+    from cadence_fx.integrations import stepaudio2 as s2
+    from cadence_fx.runtime.arena import Arena
+    opt, capacity = t2w_mini.opt, 160
+    tokens, mels, spk = s2.synthetic_prompt(40, seed=3)
+    if not opt.programs.items():
+        opt.set_stream_cache(tokens, mels, spk)
+    adapter = opt.adapter_for(capacity, spk)
+    plan = build_plan(adapter)
+    checked = 0
+    for key, sym in opt.programs.items():
+        if any(isinstance(x, tuple) and x[:1] == ("flags",) for x in key):  # an off-catalog chunk's step
+            continue
+        entry = plan.catalog[key[0]]
+        arena = Arena(plan.layout, CPU)
+        gm, cplan = cap.capacity_form(sym, {"prompt_frames": capacity},
+                                      buffers=region_buffers(adapter.declaration, arena))
+        cap.check_shapes_at(gm, sym, cplan, {"prompt_frames": capacity}, keep_values=True)
+        gm.meta[meta.EXAMPLE_INPUTS] = list(adapter.example_inputs().values()) + [torch.tensor(capacity)]
+        with cap.at_dims({"prompt_frames": capacity}):
+            gm, _ = rewrite_pipeline(region_bindings(plan, entry), "S", "cpu")(gm)
+        regions = meta.arena_inputs(gm)
+        for s in (sym.dims["prompt_frames"] + 2, 150):
+            try:
+                cap.check_dims(cplan, sym, {"prompt_frames": s})
+            except SpecializationRefused:
+                continue
+            binding = cap._binding(sym, {"prompt_frames": s})
+            g = torch.Generator().manual_seed(s)
+            exact = {}
+            for p in sym.placeholders:
+                if p.name.startswith(("in_", "state_", "buf_")):
+                    shape = [_value(x, binding, "a size") for x in p.shape]
+                    exact[p.name] = ((torch.randn(shape, generator=g) * 0.5).to(p.dtype) if p.dtype.is_floating_point
+                                     else torch.randint(1, 100, shape, generator=g).to(p.dtype))
+            for r in regions:  # the old state and the buffers, live prefixes in the arena, NaN past them
+                full = arena.full(r)
+                full.fill_(float("nan"))
+                src = exact.get(f"state_{r}", exact.get(f"buf_{r}"))
+                full[tuple(slice(0, n) for n in src.shape)] = src
+            inputs = {n: t for n, t in exact.items() if n.startswith("state_") or n.startswith("in_")}
+            buffers = {n[4:]: t.clone() for n, t in exact.items() if n.startswith("buf_")}
+            with torch.no_grad():
+                torch.manual_seed(0)
+                want = specialize(sym, {"prompt_frames": s}, inputs, buffers)(*inputs.values())
+                torch.manual_seed(0)
+                with cap.at_dims({"prompt_frames": s}):
+                    got = gm(*[exact[f"in_{n}"] for n in meta.signature(sym.gm).inputs], torch.tensor(s),
+                             *[arena.full(r) for r in regions])
+            sig = meta.signature(sym.gm)
+            assert len(got) == len(sig.outputs)
+            for a, b in zip(want[:len(sig.outputs)], got):
+                assert torch.equal(a, live(b, a)), (key[0], s)
+            for r, new in zip(sig.regions, want[len(sig.outputs):]):  # the next state, in the arena
+                assert torch.equal(new, live(arena.full(r), new)), (key[0], s, r)
+            checked += 1
+    assert checked >= 3
