@@ -10,3 +10,5 @@ OMP_NUM_THREADS=1 CADENCE_FX_CACHE_DIR=$(mktemp -d) python benchmarks/capacity_f
 # again at 024c22b (after the review's fixes: exact nodes read copies in the step's own layout, a second
 # shape check at the traced dims), the first command with --json exact-5steps-024c22b.json: the same
 # verdicts (every admitted length exact, 376 refused by the guard), the same modes; rewrite 3.7-4.4 s.
+# and at 5e3f282 (the host dims from capacity_ops.at_dims, the lengths as inputs, the ops as
+# torch.ops.cadence_fx.*), --json exact-5steps-5e3f282.json: the same verdicts and modes.
