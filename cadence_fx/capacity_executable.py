@@ -23,6 +23,9 @@ import torch
 import torch.fx as fx
 
 from . import step as meta
+from .errors import PassError
+from .foreground import forked_rng
+from .passes import aliasing
 from .compiler import build_plan, region_bindings, region_buffers, rewrite_pipeline
 from .passes.capacity import at_dims, capacity_form, check_dims, check_shapes_at
 from .passes.capacity_plan import CapacityPlan
@@ -76,9 +79,13 @@ def capacity_executable(adapter, steps: Mapping[int, SymbolicStep], masked_atten
     return CapacityExecutable(plan, graphs, adapter.signature, dims, device)
 
 
-def at_length(cexe: CapacityExecutable, adapter) -> Executable:
+def at_length(cexe: CapacityExecutable, adapter, check_hazards: bool = True) -> Executable:
     """``cexe`` for streams of ``adapter`` (the same model at another length of its symbolic
-    dims); ``SpecializationRefused`` where a graph does not serve that length."""
+    dims); ``SpecializationRefused`` where a graph does not serve that length.  With
+    ``check_hazards`` each entry runs once on a scratch arena at this length and every read
+    of old state after a write to the same bytes is refused (``PassError``): the rule-S
+    passes proved it at the capacity only, and where a read and a write fall moves with
+    the length (one eager run per entry and length, as a per-length build's check costs)."""
     plan_here = build_plan(adapter)
     dims = {d: int(adapter.dims()[d]) for d in cexe.dims}
     if [e.index for e in plan_here.catalog] != sorted(cexe.graphs):
@@ -89,6 +96,11 @@ def at_length(cexe: CapacityExecutable, adapter) -> Executable:
         gm, cplan, sym = cexe.graphs[entry.index]
         check_dims(cplan, sym, dims)
         lengths = [torch.tensor(dims[d], device=cexe.device) for d in sym.dims]
+        if check_hazards:
+            problems = _hazards(gm, cexe, adapter, dims, lengths)
+            if problems:
+                raise PassError(f"entry {entry.index} at {dims}: the arena's state is overwritten before it is "
+                                f"read: {problems[0]}")
         nxt = {b.name: b.extent_out for b in region_bindings(plan_here, entry) if b.carried}
         programs[entry.index] = EntryProgram(entry, AtDims(gm, dims, lengths, len(cexe.signature.inputs)),
                                              meta.arena_inputs(gm), nxt, "graph")
@@ -98,4 +110,22 @@ def at_length(cexe: CapacityExecutable, adapter) -> Executable:
                       {"capacity": dict(cexe.dims), "at": dims})
 
 
-__all__ = ["AtDims", "CapacityExecutable", "CapacityPlan", "at_length", "capacity_executable"]
+def _hazards(gm: fx.GraphModule, cexe: CapacityExecutable, adapter, dims: Mapping[str, int], lengths: list) -> list:
+    slots = {n: (cexe.plan.layout.slot(n).shape, getattr(torch, cexe.plan.layout.slot(n).dtype))
+             for n in meta.arena_inputs(gm)}
+    return hazards_at(gm, slots, cexe.device, list(adapter.example_inputs().values()), dims, lengths)
+
+
+def hazards_at(gm: fx.GraphModule, slots: Mapping[str, tuple], device, inputs: list, dims: Mapping[str, int],
+               lengths: list) -> list:
+    """``state_rewrite``'s region hazards of a rule-S capacity graph run once at ``dims`` on
+    zeroed scratch regions (``slots``: region -> (shape, dtype)): reads of old state after a
+    write to the same bytes, as ``aliasing.region_hazards`` words them."""
+    regions = {n: torch.zeros(shape, dtype=dtype, device=device) for n, (shape, dtype) in slots.items()}
+    args = list(inputs) + list(lengths) + [regions[n] for n in meta.arena_inputs(gm)]
+    devices = [torch.device(device)] if torch.device(device).type == "cuda" else []
+    with at_dims(dims), forked_rng(devices, "the capacity executable's hazard check"), torch.no_grad():
+        return aliasing.region_hazards(aliasing.record_accesses(gm, args, regions))
+
+
+__all__ = ["AtDims", "CapacityExecutable", "CapacityPlan", "at_length", "capacity_executable", "hazards_at"]

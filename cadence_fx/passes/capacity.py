@@ -68,6 +68,9 @@ def capacity_form(sym: SymbolicStep, capacity: Mapping[str, int], masked_attenti
     capacity) its ``buf_<region>`` placeholder becomes, a ``get_attr`` as ``specialize``
     makes it (None: they stay placeholders, last).  ``masked_attention``: see
     ``plan_capacity`` (``attention_probe`` makes a probe that asks the device)."""
+    clash = [f"len_{d}" for d in sym.dims if f"len_{d}" in meta.signature(sym.gm).inputs]
+    if clash:
+        raise CapacityRefused(f"the step has an input named {clash[0]}, the name of its dim's device length")
     plan, walk = _plan(sym, capacity, masked_attention)
     gm = _Emit(sym, walk, plan, buffers).module()
     check_shapes(gm, sym, plan)
@@ -194,14 +197,22 @@ class _Emit:
         for b in self.pending:
             region = meta.region(b)
             attr = f"_cadence_buffer_{region}"
-            self.attrs[attr] = self.buffers[region]
+            self.attrs[attr] = t = self.buffers.get(region)
+            v = b.meta[meta.SYM]
+            want = tuple(_value(x, self.at_capacity, "a size") for x in v.shape)
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != want or t.dtype != v.dtype \
+                    or t.device.type != torch.device(v.device).type:
+                got = "nothing" if not isinstance(t, torch.Tensor) else f"{tuple(t.shape)} {t.dtype} on {t.device}"
+                raise CapacityRefused(f"buffer {region!r}: bound to {got}; the capacity form takes "
+                                      f"{want} {v.dtype} on {v.device.type}")
             get = self.g.create_node("get_attr", attr)
             meta.tag(get, Role.BUFFER, region=region)
             self.cap_env[b] = get
             if not _padded(b.meta.get(meta.SYM)):
                 self.exact_env[b] = get
         self.pending = None  # a dim past the capacity never runs (check_dims says more):
-        self.g.call_function(within, (self.dims, tuple(int(self.plan.capacity[d]) for d in self.dims)))
+        self.g.call_function(within, (self.dims, tuple(int(self.plan.capacity[d]) for d in self.dims), self.names,
+                                      tuple(str(g) for g in self.sym.guards), self.plan.extents, list(self.dev)))
 
     def module(self) -> fx.GraphModule:
         gm = module_without_code(self.sym.gm, self.g, self.attrs)

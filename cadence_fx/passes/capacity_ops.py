@@ -65,11 +65,38 @@ def host_size(text: str, names: tuple, dims: tuple) -> int:
 
 
 @torch.fx.node.has_side_effect
-def within(dims: tuple, capacities: tuple) -> None:
-    """Refuse dims outside ``[0, capacity]`` (the graph's first node)."""
-    for d, v, c in zip(dims, _current(dims), capacities):
+def within(dims: tuple, capacities: tuple, names: tuple, guards: tuple, extents: tuple,
+           lengths: List[torch.Tensor]) -> None:
+    """The graph's first node: refuse dims outside ``[0, capacity]``, outside the step's
+    ``guards`` (sympy texts over the symbols ``names``), or at which a padded size
+    (``extents``, Python texts) would pass its size at the capacity; and device lengths on
+    the host that disagree with the dims (on a device they are not read back: no sync)."""
+    values = _current(dims)
+    for d, v, c in zip(dims, values, capacities):
         if not 0 <= v <= c:
             raise ValueError(f"{d} = {v} is outside the capacity form's 0..{c}")
+    why = _refusal(names, guards, extents, values, capacities)
+    if why:
+        raise ValueError(f"{dict(zip(dims, values))}: {why}")
+    from torch._subclasses.fake_tensor import FakeTensor
+    for d, v, t in zip(dims, values, lengths):
+        if t.device.type == "cpu" and not isinstance(t, FakeTensor) and int(t) != v:
+            raise ValueError(f"the device length len_{d} is {int(t)}, the dims say {v}")
+
+
+@functools.lru_cache(maxsize=4096)
+def _refusal(names: tuple, guards: tuple, extents: tuple, values: tuple, capacities: tuple) -> str:
+    """Why ``values`` is not a length the graph serves ("" if it is); memoized per length."""
+    import sympy
+    binding = {sympy.Symbol(n, integer=True): sympy.Integer(v) for n, v in zip(names, values)}
+    for g in guards:
+        expr = sympy.sympify(g, locals={n: s for n, s in zip(names, binding)})
+        if bool(expr.xreplace(binding)) is not True:
+            return f"guard {g} does not hold"
+    for text in extents:
+        if not 0 <= size_at(text, names, *values) <= size_at(text, names, *capacities):
+            return f"size {text} would pass its size at the capacity"
+    return ""
 
 
 # The ops below are torch custom ops (``torch.ops.cadence_fx.*``): their schemas say what each
@@ -81,13 +108,16 @@ def faithful(x: torch.Tensor, shape: List[int], stride: List[int], offset: int) 
     """``x``'s values in a tensor of ``shape``, ``stride`` and storage ``offset`` (the layout
     the step gives the value: what a stride-sensitive kernel reads the same way)."""
     span = 0 if 0 in shape else 1 + sum((n - 1) * st for n, st in zip(shape, stride))
-    out = x.new_empty(offset + span).as_strided(shape, stride, offset)
-    return out.copy_(x)
+    unique = [1 if st == 0 else n for n, st in zip(shape, stride)]  # an expanded dim: one element, expanded
+    out = x.new_empty(offset + span).as_strided(unique, stride, offset)
+    out.copy_(x[tuple(slice(0, 1) if st == 0 else slice(None) for st in stride)])
+    return out.expand(shape) if unique != list(shape) else out
 
 
 @faithful.register_fake
 def _(x, shape, stride, offset):
-    return torch.empty_strided(shape, stride, dtype=x.dtype, device=x.device)
+    span = 0 if 0 in shape else 1 + sum((n - 1) * st for n, st in zip(shape, stride))
+    return x.new_empty(offset + span).as_strided(shape, stride, offset)
 
 
 @torch.library.custom_op("cadence_fx::capacity_device_size", mutates_args=())
@@ -145,7 +175,7 @@ def masked_copy(dst: torch.Tensor, src: torch.Tensor, dims: List[int], lengths: 
     """``dst.copy_(src)`` inside ``dst``'s live prefix on ``dims`` (device lengths); past it
     ``dst`` keeps its own values (a select, bit for bit)."""
     mask = _live_mask(dst.shape, dict(zip(dims, lengths)), dst.device)
-    dst.copy_(torch.where(mask, src, dst))
+    dst.copy_(torch.where(mask, src.to(dst.dtype), dst))  # src converted as copy_ converts; dst's own kept
 
 
 @masked_copy.register_fake

@@ -341,6 +341,8 @@ class _Walk:
         extra = list(node.args[3:]) + [x for key, x in node.kwargs.items() if key not in ("scale",)]
         if _padded(q):
             return "exact: padded queries"
+        if not len(q.shape) == len(k.shape) == len(v.shape) == 4:
+            return "exact: attention not over [batch, heads, tokens, channels]"  # the form measured
         if not _padded(k):
             return "exact: keys not padded"  # (only their strides carry a symbol)
         kd = len(k.shape) - 2
@@ -371,6 +373,15 @@ def _plan(sym: SymbolicStep, capacity: Mapping[str, int], masked_attention) -> t
     for g in sym.guards:  # the capacity is a length the step serves
         if _value(g, at_cap, "a guard") is not True:
             raise CapacityRefused(f"the capacity {dict(capacity)} is outside the step's guard {g}")
+    try:  # the graph checks its guards from their text at every new length: they must read back
+        from .capacity_ops import _refusal
+        names_t = tuple(str(sym.symbols[d]) for d in sym.dims)
+        why = _refusal(names_t, tuple(str(g) for g in sym.guards), (), tuple(int(capacity[d]) for d in sym.dims),
+                       tuple(int(capacity[d]) for d in sym.dims))
+    except Exception as e:  # noqa: BLE001 - a guard whose text sympy cannot read back
+        raise CapacityRefused(f"a guard of the step cannot be checked from its text: {type(e).__name__}: {e}") from e
+    if why:
+        raise CapacityRefused(f"the capacity {dict(capacity)}: {why} (read back from its text)")
     walk = _Walk(sym, masked_attention)
     names = {d: str(s) for d, s in sym.symbols.items()}
     extents = tuple(sorted({str(e) for e in walk.extents}))

@@ -72,3 +72,39 @@ def test_at_the_capacity_exact_and_past_it_refused(shared):
     spk = s2.synthetic_prompt(40, seed=1)[2]
     with pytest.raises(SpecializationRefused, match="past the capacity"):
         at_length(cexe, opt.adapter_for(CAPACITY + 2, spk))
+
+
+def test_a_read_after_a_write_that_moves_with_the_length_is_found_at_that_length():
+    """The rule-S passes prove the arena's reads come before its writes at the capacity only:
+    here the buffer's write sits at frames 4-8 and the old state's read at its last four
+    frames, apart at 40 frames and overlapping at 8. ``hazards_at`` (what ``at_length`` runs
+    for each entry and length) finds it at 8, not at 40."""
+    from cadence_fx import step as meta
+    from cadence_fx.capacity_executable import hazards_at
+    from cadence_fx.compiler import rewrite_pipeline
+    from cadence_fx.passes import capacity as cap
+    from cadence_fx.passes.state_rewrite import RegionBinding
+    from cadence_fx.passes.trace_symbolic import trace_symbolic
+    from cadence_fx.step import StepSignature
+
+    def bind(buffers, dims=None):
+        buf = buffers["buf"]
+
+        def step(inputs, state):
+            p = state["c"].shape[1]
+            buf[:, 4:8].copy_(inputs["x"])  # the buffer's write, at a fixed place
+            return {"y": state["c"][:, -4:] * 1}, {"c": buf[:, :p]}  # the old state's tail, read after it
+        return step
+    f32 = torch.float32
+    sym = trace_symbolic(bind, StepSignature(("x",), ("c",), ("y",)), {"p": 12}, {"x": ((1, 4), f32)},
+                         {"c": ((1, ("p", 1, 0)), f32)}, {"c": ((1, ("p", 1, 8)), f32, ("buf",))}, CPU)
+    arena = torch.zeros(1, 48)
+    gm, plan = cap.capacity_form(sym, {"p": 40}, buffers={"c": arena})
+    cap.check_shapes_at(gm, sym, plan, {"p": 40}, keep_values=True)
+    gm.meta[meta.EXAMPLE_INPUTS] = [torch.zeros(1, 4), torch.tensor(40)]
+    with cap.at_dims({"p": 40}):
+        gm, _ = rewrite_pipeline([RegionBinding("c", (1, 48), "float32", 1, 40, 40, True)], "S", "cpu")(gm)
+    slots = {"c": ((1, 48), f32)}
+    assert hazards_at(gm, slots, CPU, [torch.zeros(1, 4)], {"p": 40}, [torch.tensor(40)]) == []
+    problems = hazards_at(gm, slots, CPU, [torch.zeros(1, 4)], {"p": 8}, [torch.tensor(8)])
+    assert problems and "reads old state of region 'c'" in problems[0], problems

@@ -144,7 +144,7 @@ capacity form: prompt <= 40; attention over padded keys: exact
         if not WHOLE_SLICES_TRACED:
             self.assertExpectedInline(code, """\
 def forward(self, in_x, in_len_prompt, state_cache, buf_buf):
-    within = cadence_fx_passes_capacity_ops_within(('prompt',), (40,));  within = None
+    within = cadence_fx_passes_capacity_ops_within(('prompt',), (40,), ('s',), ('s + 5 > 8', 's >= 4'), ('s', 's + 10', 's + 3', 's + 4', 's + 5'), [in_len_prompt]);  within = None
     capacity_device_size_default = torch.ops.cadence_fx.capacity_device_size.default('0', 's', [in_len_prompt])
     capacity_device_size_default_1 = torch.ops.cadence_fx.capacity_device_size.default('s + 3', 's', [in_len_prompt])
     capacity_offset_cat_default = torch.ops.cadence_fx.capacity_offset_cat.default([state_cache, in_x], 1, [capacity_device_size_default, capacity_device_size_default_1]);  state_cache = in_x = capacity_device_size_default_1 = None
@@ -163,7 +163,7 @@ def forward(self, in_x, in_len_prompt, state_cache, buf_buf):
         else:
             self.assertExpectedInline(code, """\
 def forward(self, in_x, in_len_prompt, state_cache, buf_buf):
-    within = cadence_fx_passes_capacity_ops_within(('prompt',), (40,));  within = None
+    within = cadence_fx_passes_capacity_ops_within(('prompt',), (40,), ('s',), ('s + 5 > 8', 's + 1 <= 9223372036854775807', 's >= 4', 's <= 9223372036854775806'), ('s', 's + 10', 's + 3', 's + 4', 's + 5'), [in_len_prompt]);  within = None
     capacity_device_size_default = torch.ops.cadence_fx.capacity_device_size.default('0', 's', [in_len_prompt])
     capacity_device_size_default_1 = torch.ops.cadence_fx.capacity_device_size.default('s + 3', 's', [in_len_prompt])
     capacity_offset_cat_default = torch.ops.cadence_fx.capacity_offset_cat.default([state_cache, in_x], 1, [capacity_device_size_default, capacity_device_size_default_1]);  state_cache = in_x = capacity_device_size_default_1 = None
@@ -437,3 +437,80 @@ def test_the_rule_s_passes_take_a_capacity_graph_and_one_arena_serves_every_leng
                 assert torch.equal(new, live(arena.full(r), new)), (key[0], s, r)
             checked += 1
     assert checked >= 3
+
+
+# ---------------------------------------------------------------- a second review's findings (session thirty-eight)
+
+def test_a_masked_write_keeps_an_integer_destination_bit_for_bit():
+    sym = one_step(lambda x, c, b: (b[:, :c.shape[1]].copy_(c * 0.5), b * 1)[1], buf=((2, ("p", 1, 5)), torch.int64))
+    gm, plan = cap.capacity_form(sym, {"p": 20})
+    s, x, c = 4, torch.randn(1, 2), torch.randn(2, 4)
+    buf = torch.full((2, s + 5), 2 ** 40 + 1)  # past the written prefix: kept, not rounded through float
+    want = specialize(sym, {"p": s}, {"in_x": x, "state_c": c}, {"buf": buf.clone()})(x, c)
+    held = pad(buf, (2, 25), 0)
+    with cap.at_dims({"p": s}):
+        got = gm(*cap.arguments(gm, {"in_x": x, "state_c": pad(c, (2, 20), float("nan")), "buf_buf": held},
+                                {"p": torch.tensor(s)}))
+    assert torch.equal(want[0], live(got[0], want[0])) and torch.equal(live(held, buf), want[0])
+
+
+def test_an_expanded_value_read_by_an_exact_op_and_3d_attention_stays_exact():
+    sym = one_step(lambda x, c, b: c.unsqueeze(0).expand(3, 2, c.shape[1]).sum(-1))  # a stride-0 layout
+    gm, plan = cap.capacity_form(sym, {"p": 20})
+    for s in (3, 7):
+        assert_exact(sym, gm, plan, "p", s, float("nan"), seed=s)
+
+    def att3(x, c, b):  # [batch, tokens, channels]: not the measured form, so never masked
+        q = x.reshape(1, 1, 2).expand(1, 3, 2) * 1
+        k = c.t().unsqueeze(0)
+        return F.scaled_dot_product_attention(q, k, k * 2)
+    sym = one_step(att3)
+    gm, plan = cap.capacity_form(sym, {"p": 20}, masked_attention=True)
+    assert ("scaled_dot_product_attention", "exact", "attention not over [batch, heads, tokens, channels]") in plan.modes
+    assert_exact(sym, gm, plan, "p", 5, float("nan"), seed=5)
+
+
+def test_the_graph_refuses_lengths_its_guards_refuse_and_disagreeing_lengths():
+    sym = cache_step()  # guards: prompt + 5 > 8
+    gm, plan = cap.capacity_form(sym, {"prompt": 40})
+    x, c, buf = torch.randn(1, 2), torch.randn(1, 6), torch.randn(1, 13)
+    args = cap.arguments(gm, {"in_x": x, "state_cache": pad(c, (1, 43), 0.0), "buf_buf": pad(buf, (1, 50), 0.0)},
+                         {"prompt": torch.tensor(3)})
+    with pytest.raises(ValueError, match=r"guard .*\+ 5 > 8 does not hold"), cap.at_dims({"prompt": 3}):
+        gm(*args)
+    args = cap.arguments(gm, {"in_x": x, "state_cache": pad(c, (1, 43), 0.0), "buf_buf": pad(buf, (1, 50), 0.0)},
+                         {"prompt": torch.tensor(6)})
+    with pytest.raises(ValueError, match="len_prompt is 6, the dims say 5"), cap.at_dims({"prompt": 5}):
+        gm(*args)
+
+
+def test_bound_buffers_and_input_names_checked_by_name():
+    sym = cache_step()
+    for buffers, match in (({}, "bound to nothing"), ({"buf": torch.zeros(1, 49)}, r"bound to \(1, 49\)"),
+                           ({"buf": torch.zeros(1, 50, dtype=torch.int64)}, r"bound to \(1, 50\) torch.int64")):
+        with pytest.raises(cap.CapacityRefused, match=f"buffer 'buf': {match}"):
+            cap.capacity_form(sym, {"prompt": 40}, buffers=buffers)
+    sig = StepSignature(inputs=("len_p",), regions=("c",), outputs=("y",))
+
+    def bind(buffers, dims=None):
+        return lambda i, s: ({"y": torch.cat([s["c"], i["len_p"]], 1)}, {"c": s["c"]})
+    clash = trace_symbolic(bind, sig, {"p": 6}, {"len_p": ((1, 2), F32)}, {"c": ((1, ("p", 1, 0)), F32)}, {}, CPU)
+    with pytest.raises(cap.CapacityRefused, match="an input named len_p"):
+        cap.capacity_form(clash, {"p": 20})
+
+
+def test_the_ops_schemas_and_fake_implementations():
+    """torch.library.opcheck: each op's schema (what it writes), its fake implementation
+    (shapes, dtypes, strides, storage offsets) and its dispatch, on small examples."""
+    from cadence_fx.passes import capacity_ops as ops
+    n = torch.tensor(3)
+    cases = [
+        (ops.faithful, (torch.randn(2, 3), [2, 3], [5, 1], 2)),
+        (ops.device_size, ("s + 2", "s", [n])),
+        (ops.offset_cat, ([torch.randn(1, 5), torch.randn(1, 2)], 1, [torch.tensor(0), n])),
+        (ops.masked_copy, (torch.randn(2, 5), torch.randn(2, 5), [1], [n])),
+        (ops.masked_attention, (torch.randn(1, 2, 3, 4), torch.randn(1, 2, 6, 4), torch.randn(1, 2, 6, 4), n, None)),
+        (ops.to_capacity, (torch.randn(2, 3), [2, 5])),
+    ]
+    for op, args in cases:
+        torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
