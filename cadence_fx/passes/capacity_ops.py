@@ -12,6 +12,7 @@ import builtins
 import contextlib
 import contextvars
 import functools
+import operator
 from typing import List, Mapping, Optional, Sequence  # List: torch 2.5's custom_op schemas
 
 import torch
@@ -34,8 +35,10 @@ _DIMS: contextvars.ContextVar = contextvars.ContextVar("cadence_fx_capacity_dims
 
 @contextlib.contextmanager
 def at_dims(dims: Mapping[str, int]):
-    """Run capacity-form graphs inside this block at ``dims`` (dim name -> value)."""
-    token = _DIMS.set({d: int(v) for d, v in dims.items()})
+    """Run capacity-form graphs inside this block at ``dims`` (dim name -> value).  A
+    generator must not hold it across a ``yield``: its caller's context would carry it
+    (``capacity_executable.AtDims`` sets it around one call)."""
+    token = _DIMS.set({d: operator.index(v) for d, v in dims.items()})
     try:
         yield
     finally:

@@ -385,8 +385,11 @@ def _plan(sym: SymbolicStep, capacity: Mapping[str, int], masked_attention) -> t
     walk = _Walk(sym, masked_attention)
     names = {d: str(s) for d, s in sym.symbols.items()}
     extents = tuple(sorted({str(e) for e in walk.extents}))
-    _check_texts(sym, capacity, [e for e in walk.extents] +
-                 [e for e in walk.scalar.values() if _symbolic(e)])
+    layouts = {x for n in sym.gm.graph.nodes for v in [n.meta.get(meta.SYM)]
+               for t in (v if isinstance(v, (list, tuple)) else (v,)) if isinstance(t, SymTensor)
+               for x in (*t.stride, t.offset) if _symbolic(x)}  # what an exact node's layout copy computes
+    _check_texts(sym, capacity, [e for e in walk.extents] + [e for e in walk.scalar.values() if _symbolic(e)]
+                 + sorted(layouts, key=str))
     plan = CapacityPlan(dict(capacity), names, tuple((n.name, m, h) for n, (m, h) in walk.mode.items()),
                         "probed" if callable(masked_attention) else ("masked" if masked_attention else "exact"),
                         extents, _islands(walk))
