@@ -18,7 +18,7 @@ from cadence_fx.errors import SpecializationRefused
 from cadence_fx.integrations import stepaudio2 as s2
 from cadence_fx.integrations.stepaudio2.session import Token2WavSession
 from cadence_fx.lockstep import compare_streams
-from helpers.mini_token2wav import mini_tail
+from helpers.mini_token2wav import catalog_steps, mini_tail
 
 CPU = torch.device("cpu")
 CAPACITY = 200  # prompt frames: 100 tokens
@@ -29,12 +29,7 @@ def shared(t2w_mini):
     """The capacity executable, from the symbolic steps (variant 0) of each catalog entry."""
     opt = t2w_mini.opt
     spk = s2.synthetic_prompt(40, seed=1)[2]
-    steps = {key[0]: sym for key, sym in opt.programs.items()
-             if key[-1] == ("variant", 0) and not any(isinstance(x, tuple) and x[:1] == ("flags",) for x in key)}
-    if len(steps) < 3:
-        opt.set_stream_cache(*s2.synthetic_prompt(40, seed=1))
-        steps = {key[0]: sym for key, sym in opt.programs.items()
-                 if key[-1] == ("variant", 0) and not any(isinstance(x, tuple) and x[:1] == ("flags",) for x in key)}
+    steps = catalog_steps(opt)
     return opt, capacity_executable(opt.adapter_for(CAPACITY, spk), steps)
 
 

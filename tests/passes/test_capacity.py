@@ -351,12 +351,9 @@ def test_a_length_past_the_capacity_never_runs():
 def test_mini_token2wav_entries_exact_at_other_prompt_lengths(t2w_mini):
     """Every symbolic step the mini Token2Wav holds, rewritten once, against specialize at
     prompt lengths other than the one it was traced at (its guards permitting)."""
-    from cadence_fx.integrations import stepaudio2 as s2
-    opt = t2w_mini.opt
-    if not opt.programs.items():
-        opt.set_stream_cache(*s2.synthetic_prompt(40, seed=3))
-    steps = [sym for _, sym in opt.programs.items()]
-    assert steps
+    from helpers.mini_token2wav import catalog_steps
+    steps = list(catalog_steps(t2w_mini.opt).values())
+    assert len(steps) == 3
     checked = 0
     for sym in steps:
         gm, plan = cap.capacity_form(sym, {"prompt_frames": 300})
@@ -383,17 +380,14 @@ def test_the_rule_s_passes_take_a_capacity_graph_and_one_arena_serves_every_leng
     from cadence_fx.compiler import build_plan, region_bindings, region_buffers, rewrite_pipeline
     from cadence_fx.integrations import stepaudio2 as s2
     from cadence_fx.runtime.arena import Arena
+    from helpers.mini_token2wav import catalog_steps
     opt, capacity = t2w_mini.opt, 160
-    tokens, mels, spk = s2.synthetic_prompt(40, seed=3)
-    if not opt.programs.items():
-        opt.set_stream_cache(tokens, mels, spk)
+    spk = s2.synthetic_prompt(40, seed=3)[2]
     adapter = opt.adapter_for(capacity, spk)
     plan = build_plan(adapter)
     checked = 0
-    for key, sym in opt.programs.items():
-        if any(isinstance(x, tuple) and x[:1] == ("flags",) for x in key):  # an off-catalog chunk's step
-            continue
-        entry = plan.catalog[key[0]]
+    for index, sym in catalog_steps(opt).items():
+        entry = plan.catalog[index]
         arena = Arena(plan.layout, CPU)
         gm, cplan = cap.capacity_form(sym, {"prompt_frames": capacity},
                                       buffers=region_buffers(adapter.declaration, arena))
@@ -432,9 +426,9 @@ def test_the_rule_s_passes_take_a_capacity_graph_and_one_arena_serves_every_leng
             sig = meta.signature(sym.gm)
             assert len(got) == len(sig.outputs)
             for a, b in zip(want[:len(sig.outputs)], got):
-                assert torch.equal(a, live(b, a)), (key[0], s)
+                assert torch.equal(a, live(b, a)), (index, s)
             for r, new in zip(sig.regions, want[len(sig.outputs):]):  # the next state, in the arena
-                assert torch.equal(new, live(arena.full(r), new)), (key[0], s, r)
+                assert torch.equal(new, live(arena.full(r), new)), (index, s, r)
             checked += 1
     assert checked >= 3
 
