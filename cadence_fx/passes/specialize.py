@@ -22,6 +22,7 @@ node names), checked in ``tests/passes/test_specialize.py``; it runs no model co
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Callable, Hashable, Mapping
 
@@ -305,3 +306,51 @@ def _drop_whole_slices(gm: fx.GraphModule) -> int:
             gm.graph.erase_node(node)
             dropped += 1
     return dropped
+
+
+def bind_dims(sym: SymbolicStep, dims: Mapping[str, int]) -> SymbolicStep:
+    """``sym`` with some of its dims bound to values, the others still symbolic: for example an
+    off-catalog chunk's step at one chunk length, its prompt length left free (what a capacity
+    form of that chunk takes: ``passes.capacity``).  Every recorded value and placeholder shape
+    is the expression with those symbols replaced; a guard that holds at them is dropped, one
+    that fails refuses (``SpecializationRefused``).  ``sym`` is left as it was."""
+    import sympy
+    unknown = set(dims) - set(sym.dims)
+    if unknown or set(dims) == set(sym.dims):
+        raise SpecializationRefused(f"bind_dims binds some of {sorted(sym.dims)}, not {sorted(dims)} "
+                                    f"(all of them: specialize)")
+    binding = {sym.symbols[d]: sympy.Integer(int(v)) for d, v in dims.items()}
+    guards = []
+    for g in sym.guards:
+        v = g.xreplace(binding)
+        if v is sympy.true or v is True:
+            continue
+        if v is sympy.false or v is False:
+            raise SpecializationRefused(f"guard {g} does not hold at {dict(dims)}")
+        guards.append(v)
+    graph = fx.Graph()
+    graph.output(graph.graph_copy(sym.gm.graph, {}))
+    for node in graph.nodes:
+        if meta.SYM in node.meta:
+            node.meta[meta.SYM] = _rebind(node.meta[meta.SYM], binding)
+    gm = module_without_code(sym.gm, graph)
+    gm.meta.update(sym.gm.meta)
+    placeholders = tuple(dataclasses.replace(p, shape=tuple(_rebind(x, binding) for x in p.shape))
+                         for p in sym.placeholders)
+    return dataclasses.replace(sym, gm=gm, dims={d: v for d, v in sym.dims.items() if d not in dims},
+                               symbols={d: s for d, s in sym.symbols.items() if d not in dims},
+                               placeholders=placeholders, guards=tuple(guards), static_values={})
+
+
+def _rebind(v, binding: Mapping):
+    """A recorded value with ``binding``'s symbols replaced (an expression left with none: an int)."""
+    if isinstance(v, SymTensor):
+        return SymTensor(tuple(_rebind(x, binding) for x in v.shape), tuple(_rebind(x, binding) for x in v.stride),
+                         _rebind(v.offset, binding), v.dtype, v.device)
+    if isinstance(v, (list, tuple)):
+        return type(v)(_rebind(x, binding) for x in v)
+    if getattr(v, "free_symbols", None):
+        v = v.xreplace(binding)
+        if getattr(v, "is_Integer", False):
+            return int(v)
+    return v

@@ -508,3 +508,37 @@ def test_the_ops_schemas_and_fake_implementations():
     ]
     for op, args in cases:
         torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
+
+
+def test_a_step_with_its_chunk_length_bound_then_held_at_a_capacity_in_its_prompt():
+    """``specialize.bind_dims``: an off-catalog chunk's step (symbolic in its chunk length and
+    the prompt) at one chunk length is the step ``specialize`` makes at both, and its capacity
+    form in the prompt alone is exact at other prompt lengths: one graph per chunk length,
+    every voice."""
+    from cadence_fx.passes.specialize import bind_dims
+    sig = StepSignature(inputs=("x",), regions=("c",), outputs=("y",))
+
+    def bind(buffers, dims=None):
+        def step(inputs, state):
+            cache = torch.cat([state["c"], inputs["x"]], dim=1)  # (1, p + q)
+            y = inputs["x"] @ torch.ones(inputs["x"].shape[1], 3)  # over the chunk: its own length
+            return {"y": y * cache.sum()}, {"c": cache}
+        return step
+    sym = trace_symbolic(bind, sig, {"p": 6, "q": 4}, {"x": ((1, ("q", 1, 0)), F32)},
+                         {"c": ((1, ("p", 1, 0)), F32)}, {}, CPU)
+    bound = bind_dims(sym, {"q": 5})
+    assert bound.dims == {"p": 6} and set(sym.dims) == {"p", "q"}  # the original untouched
+    x, c = torch.randn(1, 5), torch.randn(1, 9)
+    t = {"in_x": x, "state_c": c}
+    with torch.no_grad():
+        want = specialize(sym, {"p": 9, "q": 5}, t, {})(x, c)
+        got = specialize(bound, {"p": 9}, t, {})(x, c)
+    assert all(torch.equal(a, b) for a, b in zip(want, got))
+    gm, plan = cap.capacity_form(bound, {"p": 30})
+    for s in (2, 9, 30):
+        for fill in FILLS:
+            assert_exact(bound, gm, plan, "p", s, fill, seed=s)
+    with pytest.raises(SpecializationRefused, match="does not hold at"):
+        bind_dims(sym, {"q": 1})  # the trace's own guard: q >= 2
+    with pytest.raises(SpecializationRefused, match="all of them: specialize"):
+        bind_dims(sym, {"p": 6, "q": 5})
