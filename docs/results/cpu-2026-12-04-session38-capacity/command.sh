@@ -12,3 +12,10 @@ OMP_NUM_THREADS=1 CADENCE_FX_CACHE_DIR=$(mktemp -d) python benchmarks/capacity_f
 # verdicts (every admitted length exact, 376 refused by the guard), the same modes; rewrite 3.7-4.4 s.
 # and at 5e3f282 (the host dims from capacity_ops.at_dims, the lengths as inputs, the ops as
 # torch.ops.cadence_fx.*), --json exact-5steps-5e3f282.json: the same verdicts and modes.
+# voices on one capacity executable against stock (rule S, the released model, 2 steps, capacity 500 frames,
+# traced at 75 tokens; CPU, OMP_NUM_THREADS=2), --json sessions-cpu-2steps.json:
+OMP_NUM_THREADS=2 python benchmarks/capacity_sessions.py --device cpu --n-timesteps 2 --prompt-tokens 75,111 \
+    --chunks 3 --attention exact --json sessions-cpu-2steps.json
+# both voices exact on every chunk (the flush eager); a chunk's median 1,021 and 972 ms against stock's 708 and
+# 709 ms: on the CPU the capacity form's exact attention reads copies of its keys in the step's layout and its
+# writes cover the capacity (a cost to measure on the GPU with the masked attention, where neither runs so).
