@@ -19,3 +19,6 @@ OMP_NUM_THREADS=2 python benchmarks/capacity_sessions.py --device cpu --n-timest
 # both voices exact on every chunk (the flush eager); a chunk's median 1,021 and 972 ms against stock's 708 and
 # 709 ms: on the CPU the capacity form's exact attention reads copies of its keys in the step's layout and its
 # writes cover the capacity (a cost to measure on the GPU with the masked attention, where neither runs so).
+# a CPU dry run of capacity_call.sh's three scripts at a43e9b5 (2 steps, --attention probe): each rc=0 and
+# exact; the CPU's probe finds the masked attention unequal ("the masked call differs here"), so its DiT
+# attention stays exact; capacity_sessions at 75 and 250 tokens (the capacity) exact on every chunk.
