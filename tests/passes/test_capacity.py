@@ -21,6 +21,7 @@ from cadence_fx.passes.capacity_ops import masked_attention
 from cadence_fx.passes.specialize import _value, specialize
 from cadence_fx.passes.trace_symbolic import trace_symbolic
 from cadence_fx.step import StepSignature
+from helpers import growing_cache
 from helpers.trace_forms import WHOLE_SLICES_TRACED
 
 F32 = torch.float32
@@ -76,25 +77,9 @@ def assert_exact(sym, gm, plan, dim, s, fill, seed=0):
 
 # ---------------------------------------------------------------- a growing cache, trimmed, written to a buffer
 
-SIG = StepSignature(inputs=("x",), regions=("cache",), outputs=("y",))
-
-
-def bind_cache(buffers, dims=None):
-    prompt, buf = dims["prompt"], buffers["buf"]
-
-    def step(inputs, state):
-        cache = torch.cat([state["cache"], inputs["x"]], dim=1)
-        if cache.shape[1] > 8:
-            cache = torch.cat([cache[:, :prompt], cache[:, -4:]], dim=1)
-        n = cache.shape[1]
-        buf[:, :n].copy_(cache)
-        return {"y": buf[:, :n] * 2}, {"cache": cache}
-    return step
-
-
 def cache_step():
-    return trace_symbolic(bind_cache, SIG, {"prompt": 6}, {"x": ((1, 2), F32)}, {"cache": ((1, ("prompt", 1, 3)), F32)},
-                          {"buf": ((1, ("prompt", 1, 10)), F32, ("buf",))}, CPU)
+    """The growing-cache toy (``helpers.growing_cache``), traced at a prompt of 6."""
+    return growing_cache.symbolic(6)
 
 
 # ---------------------------------------------------------------- attention over a cache

@@ -18,33 +18,10 @@ from cadence_fx.errors import SpecializationRefused, TraceError
 from cadence_fx.passes.specialize import check_binding, specialize
 from cadence_fx.passes.trace import trace_step
 from cadence_fx.passes.trace_symbolic import ModuleStateChanged, trace_symbolic
-from cadence_fx.step import Role, StepSignature
+from cadence_fx.step import Role
 from helpers.graph_structure import structure
+from helpers.growing_cache import F32, SIG, bind, symbolic
 from helpers.trace_forms import WHOLE_SLICES_TRACED, without_whole_slices
-
-SIG = StepSignature(inputs=("x",), regions=("cache",), outputs=("y",))
-F32 = torch.float32
-
-
-def bind(buffers, dims=None, prompt=None):
-    prompt = dims["prompt"] if dims else prompt
-    buf = buffers["buf"]
-
-    def step(inputs, state):
-        cache = torch.cat([state["cache"], inputs["x"]], dim=1)
-        if cache.shape[1] > 8:
-            cache = torch.cat([cache[:, :prompt], cache[:, -4:]], dim=1)
-        n = cache.shape[1]
-        buf[:, :n].copy_(cache)
-        return {"y": buf[:, :n] * 2}, {"cache": cache}
-    return step
-
-
-def symbolic(prompt: int = 6):
-    return trace_symbolic(bind, SIG, {"prompt": prompt}, {"x": ((1, 2), F32)},
-                          {"cache": ((1, ("prompt", 1, 3)), F32)},
-                          {"buf": ((1, ("prompt", 1, 10)), F32, ("buf",))}, torch.device("cpu"))
-
 
 def tensors(prompt: int, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
