@@ -20,7 +20,7 @@ from .. import step as meta
 from ..errors import SpecializationRefused, TraceError
 from ..step import Role
 from .base import is_mutating, is_view, view_root, written_args
-from .capacity_ops import size_at
+from .capacity_ops import _refusal, size_at
 from .specialize import _ASSERTS, _value
 from .trace_symbolic import SymbolicStep, SymTensor, _free_symbols
 
@@ -374,7 +374,6 @@ def _plan(sym: SymbolicStep, capacity: Mapping[str, int], masked_attention) -> t
         if _value(g, at_cap, "a guard") is not True:
             raise CapacityRefused(f"the capacity {dict(capacity)} is outside the step's guard {g}")
     try:  # the graph checks its guards from their text at every new length: they must read back
-        from .capacity_ops import _refusal
         names_t = tuple(str(sym.symbols[d]) for d in sym.dims)
         why = _refusal(names_t, tuple(str(g) for g in sym.guards), (), tuple(int(capacity[d]) for d in sym.dims),
                        tuple(int(capacity[d]) for d in sym.dims))
@@ -443,13 +442,8 @@ def check_dims(plan: CapacityPlan, sym: SymbolicStep, dims: Mapping[str, int]) -
     for d, v in dims.items():
         if not 0 <= int(v) <= plan.capacity[d]:
             raise SpecializationRefused(f"{d} = {v} is past the capacity {plan.capacity[d]}")
-    binding = _binding(sym, dims)
-    for g in sym.guards:
-        if _value(g, binding, "a guard") is not True:
-            raise SpecializationRefused(f"guard {g} does not hold at {dict(dims)}")
     names = tuple(str(sym.symbols[d]) for d in sym.dims)
-    at = tuple(int(dims[d]) for d in sym.dims)
-    cap = tuple(int(plan.capacity[d]) for d in sym.dims)
-    for text in plan.extents:
-        if not 0 <= size_at(text, names, *at) <= size_at(text, names, *cap):
-            raise SpecializationRefused(f"size {text} at {dict(dims)} is past its size at the capacity")
+    why = _refusal(names, tuple(str(g) for g in sym.guards), plan.extents,
+                   tuple(int(dims[d]) for d in sym.dims), tuple(int(plan.capacity[d]) for d in sym.dims))
+    if why:  # the check the graph's own first node makes (capacity_ops.within): one reading of the guards
+        raise SpecializationRefused(f"{why} at {dict(dims)}")
