@@ -53,8 +53,7 @@ def main(argv=None) -> int:
     opt = cadence_fx.optimize(tail(), rules="S", cache=True)  # the program cache (a device call's .cfx)
     tokens, mels, spk = (t.to(device) for t in s2.synthetic_prompt(args.trace_tokens, seed=1))
     opt.set_stream_cache(tokens, mels, spk)
-    steps = {key[0]: sym for key, sym in opt.programs.items()
-             if key[-1] == ("variant", 0) and set(sym.dims) == {"prompt_frames"}}
+    steps = opt.programs.entry_steps(["prompt_frames"])
     masked = False
     if args.attention == "probe":  # masked only where every padded-key call of every entry is exact here
         verdicts = []

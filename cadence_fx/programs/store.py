@@ -94,6 +94,16 @@ class ProgramStore:
         with self._lock:
             return list(self._steps.items())
 
+    def entry_steps(self, dims: Sequence[str], variant: int = 0) -> dict[int, SymbolicStep]:
+        """Each catalog entry's symbolic step of ``variant`` (``programs.entry``'s key suffix),
+        free in exactly ``dims``: entry index -> step.  An off-catalog chunk's steps (flags, or
+        symbolic in its length too) are left out."""
+        want = set(dims)
+        with self._lock:
+            return {key[0]: step for key, step in self._steps.items()
+                    if key[-1] == ("variant", variant) and set(step.dims) == want
+                    and not any(isinstance(x, tuple) and x[:1] == ("flags",) for x in key)}
+
     def describe(self) -> list[str]:
         """One line per key: its symbolic step (", loaded from disk" for one read from the
         disk cache), or why its entry is traced per configuration."""

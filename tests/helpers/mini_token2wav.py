@@ -61,12 +61,8 @@ def catalog_steps(opt, prompt_tokens: int = 40) -> dict:
     entry index -> step, symbolic in the prompt length alone (an off-catalog chunk's steps,
     which other tests on a shared model may have traced, carry its length too: left out).
     Traced here, at ``prompt_tokens``, where the model holds none yet."""
-    def held():
-        return {key[0]: sym for key, sym in opt.programs.items()
-                if key[-1] == ("variant", 0) and set(sym.dims) == {"prompt_frames"}
-                and not any(isinstance(x, tuple) and x[:1] == ("flags",) for x in key)}
-    steps = held()
+    steps = opt.programs.entry_steps(["prompt_frames"])
     if len(steps) < 3:
         opt.set_stream_cache(*s2.synthetic_prompt(prompt_tokens, seed=1))
-        steps = held()
+        steps = opt.programs.entry_steps(["prompt_frames"])
     return steps
