@@ -27,7 +27,7 @@ from .errors import PassError
 from .foreground import forked_rng
 from .passes import aliasing
 from .compiler import build_plan, region_bindings, region_buffers, rewrite_pipeline
-from .passes.capacity import at_dims, capacity_form, check_dims, check_shapes_at
+from .passes.capacity import at_dims, capacity_form, check_dims
 from .passes.capacity_plan import CapacityPlan
 from .passes.trace_symbolic import SymbolicStep
 from .runtime.arena import Arena
@@ -69,8 +69,8 @@ def capacity_executable(adapter, steps: Mapping[int, SymbolicStep], masked_atten
     graphs = {}
     for entry in plan.catalog:
         sym = steps[entry.index]
-        gm, cplan = capacity_form(sym, dims, masked_attention, buffers=by_region)
-        check_shapes_at(gm, sym, cplan, dims, keep_values=True)  # what the passes read of each node
+        gm, cplan = capacity_form(sym, dims, masked_attention, buffers=by_region,
+                                  keep_values=True)  # what the passes read of each node
         gm.meta[meta.EXAMPLE_INPUTS] = (list(adapter.example_inputs().values())
                                         + [torch.tensor(dims[d], device=device) for d in sym.dims])
         with at_dims(dims):  # EarlyWriteback's check runs the graph, at the capacity

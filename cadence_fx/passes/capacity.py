@@ -57,7 +57,8 @@ aten = torch.ops.aten
 
 
 def capacity_form(sym: SymbolicStep, capacity: Mapping[str, int], masked_attention=False,
-                  buffers: "Mapping[str, torch.Tensor] | None" = None) -> tuple[fx.GraphModule, CapacityPlan]:
+                  buffers: "Mapping[str, torch.Tensor] | None" = None,
+                  keep_values: bool = False) -> tuple[fx.GraphModule, CapacityPlan]:
     """``sym`` rewritten to run at every value of its dims up to ``capacity`` (see the
     module doc), and its plan.  The graph takes ``sym``'s inputs, then one more input per
     dim, ``len_<d>`` (its value, a device int64 scalar; placeholder ``in_len_<d>``), then
@@ -67,13 +68,14 @@ def capacity_form(sym: SymbolicStep, capacity: Mapping[str, int], masked_attenti
     ``check_dims`` before running it at new dims.  ``buffers``: region -> the tensor (at the
     capacity) its ``buf_<region>`` placeholder becomes, a ``get_attr`` as ``specialize``
     makes it (None: they stay placeholders, last).  ``masked_attention``: see
-    ``plan_capacity`` (``attention_probe`` makes a probe that asks the device)."""
+    ``plan_capacity`` (``attention_probe`` makes a probe that asks the device).
+    ``keep_values``: see ``check_shapes``."""
     clash = [f"len_{d}" for d in sym.dims if f"len_{d}" in meta.signature(sym.gm).inputs]
     if clash:
         raise CapacityRefused(f"the step has an input named {clash[0]}, the name of its dim's device length")
     plan, walk = _plan(sym, capacity, masked_attention)
     gm = _Emit(sym, walk, plan, buffers).module()
-    check_shapes(gm, sym, plan)
+    check_shapes(gm, sym, plan, keep_values)
     return gm, plan
 
 
@@ -101,15 +103,16 @@ def attention_probe(sym: SymbolicStep, capacity: Mapping[str, int], values: Mapp
     return probe
 
 
-def check_shapes(gm: fx.GraphModule, sym: SymbolicStep, plan: CapacityPlan) -> None:
-    """The rewrite's postcondition, on fake tensors (``FakeTensorProp``), at the capacity and
-    at the dims the step was traced at: every node made from a node of ``sym`` has that
+def check_shapes(gm: fx.GraphModule, sym: SymbolicStep, plan: CapacityPlan, keep_values: bool = False) -> None:
+    """The rewrite's postcondition, on fake tensors (``FakeTensorProp``), at the dims the step
+    was traced at and at the capacity: every node made from a node of ``sym`` has that
     node's shape at the capacity (a capacity node) or at the dims it runs at (an exact one).
     A slice clamped, a view that moved a dim, an island's value at the wrong size:
-    ``CapacityRefused``, never a wrong graph."""
-    check_shapes_at(gm, sym, plan, plan.capacity)
+    ``CapacityRefused``, never a wrong graph.  ``keep_values``: each node's fake value at the
+    capacity stays in ``meta["val"]`` (what the compiler's passes read)."""
     if dict(sym.dims) != dict(plan.capacity) and all(0 <= sym.dims[d] <= plan.capacity[d] for d in sym.dims):
         check_shapes_at(gm, sym, plan, sym.dims)
+    check_shapes_at(gm, sym, plan, plan.capacity, keep_values)
 
 
 def check_shapes_at(gm: fx.GraphModule, sym: SymbolicStep, plan: CapacityPlan, dims, keep_values: bool = False) -> None:

@@ -94,8 +94,7 @@ def test_a_read_after_a_write_that_moves_with_the_length_is_found_at_that_length
     sym = trace_symbolic(bind, StepSignature(("x",), ("c",), ("y",)), {"p": 12}, {"x": ((1, 4), f32)},
                          {"c": ((1, ("p", 1, 0)), f32)}, {"c": ((1, ("p", 1, 8)), f32, ("buf",))}, CPU)
     arena = torch.zeros(1, 48)
-    gm, plan = cap.capacity_form(sym, {"p": 40}, buffers={"c": arena})
-    cap.check_shapes_at(gm, sym, plan, {"p": 40}, keep_values=True)
+    gm, plan = cap.capacity_form(sym, {"p": 40}, buffers={"c": arena}, keep_values=True)
     gm.meta[meta.EXAMPLE_INPUTS] = [torch.zeros(1, 4), torch.tensor(40)]
     with cap.at_dims({"p": 40}):
         gm, _ = rewrite_pipeline([RegionBinding("c", (1, 48), "float32", 1, 40, 40, True)], "S", "cpu")(gm)

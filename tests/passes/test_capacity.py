@@ -375,8 +375,7 @@ def test_the_rule_s_passes_take_a_capacity_graph_and_one_arena_serves_every_leng
         entry = plan.catalog[index]
         arena = Arena(plan.layout, CPU)
         gm, cplan = cap.capacity_form(sym, {"prompt_frames": capacity},
-                                      buffers=region_buffers(adapter.declaration, arena))
-        cap.check_shapes_at(gm, sym, cplan, {"prompt_frames": capacity}, keep_values=True)
+                                      buffers=region_buffers(adapter.declaration, arena), keep_values=True)
         gm.meta[meta.EXAMPLE_INPUTS] = list(adapter.example_inputs().values()) + [torch.tensor(capacity)]
         with cap.at_dims({"prompt_frames": capacity}):
             gm, _ = rewrite_pipeline(region_bindings(plan, entry), "S", "cpu")(gm)
