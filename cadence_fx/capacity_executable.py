@@ -10,29 +10,50 @@ the session's state, snapshots and comparisons read) laid out as the capacity's 
 whose programs are the shared graphs, called with the stream's length (``AtDims``: the host
 dims in ``capacity_ops.at_dims``, the device lengths as the graphs' extra inputs).
 ``check_dims`` refuses a length the graphs do not serve (past the capacity, another branch
-class).  A chunk the catalog does not hold (a window, a flush) runs the eager fallback
-(no ``Variants`` yet); rules R (capture) and the program cache come next.
+class).
+
+A chunk the catalog does not hold at a catalog entry's state (a turn-end window, a flush)
+has graphs of its own, shared the same way (``shared_variant``): the entry's symbolic step
+for that input shape and those flags (traced once, the chunk's length symbolic too,
+``programs.entry.symbolic_entry``), its chunk length bound (``specialize.bind_dims``) and
+its prompt held at the capacity, then the rule-S passes; built the first time any stream
+sends that shape, held by the capacity executable (``max_shared`` of them, least recently
+used out first) and served to each stream as its executable's ``Variants``.  A stream
+needs only the checks at its own length (``check_dims``, the hazard run) for each.  A
+chunk whose state is off the catalog (after a window sent during the warm-up) gets a
+program traced at its exact shapes for that stream alone, as ``compile_executable``'s
+variants do.  Rules R (capture) and the program cache come next.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
-from typing import Any, Mapping
+import threading
+import time
+from typing import Any, Callable, Mapping
 
 import torch
 import torch.fx as fx
 
 from . import step as meta
-from .errors import PassError
+from .errors import CadenceError, PassError, SpecializationRefused
 from .foreground import forked_rng
 from .passes import aliasing
-from .compiler import build_plan, region_bindings, region_buffers, rewrite_pipeline
+from .compiler import (_variant_builder, build_plan, extents_in_slots, own_bytes, region_bindings, region_buffers,
+                       rewrite_pipeline, traced_extents, variant_entry)
 from .passes.capacity import at_dims, capacity_form, check_dims
 from .passes.capacity_plan import CapacityPlan
-from .passes.trace_symbolic import SymbolicStep
-from .runtime.arena import Arena
+from .passes.specialize import _value, bind_dims
+from .passes.trace_symbolic import SymbolicStep, SymTensor
+from .programs.entry import symbolic_entry
+from .runtime.arena import Arena, copy_strided
 from .runtime.session import EntryProgram, Executable
+from .runtime.variants import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, VariantKey, VariantRefused, Variants
 from .step import Rules
+
+#: off-catalog shapes' graphs a capacity executable holds (least recently used out first)
+DEFAULT_MAX_SHARED = 64
 
 
 @dataclasses.dataclass
@@ -44,6 +65,39 @@ class CapacityExecutable:
     signature: meta.StepSignature
     dims: dict  # the capacity
     device: torch.device
+    adapter: Any = None  # the model at the capacity: traces an off-catalog chunk's symbolic step
+    programs: Any = None  # its ProgramStore (None: no shared off-catalog graphs)
+    by_region: dict = dataclasses.field(default_factory=dict, repr=False)  # the scratch arena's bound regions
+    masked_attention: Any = False
+    say: Callable[[str], None] = dataclasses.field(default=lambda msg: None, repr=False)
+    max_shared: int = DEFAULT_MAX_SHARED
+    #: (entry, inputs, flags) of a ``VariantKey`` -> its ``SharedGraph``, or why none serves
+    shared: collections.OrderedDict = dataclasses.field(default_factory=collections.OrderedDict, repr=False)
+    built: int = 0
+    evicted: int = 0
+    _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
+    _building: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
+
+    def stats(self) -> dict:
+        """The off-catalog graphs held (label -> how, seconds, bytes) and refused (label -> why)."""
+        with self._lock:
+            items = list(self.shared.items())
+        return {"max_shared": self.max_shared, "built": self.built, "evicted": self.evicted,
+                "held": {_label(k): {"how": v.how, "build_s": v.build_s, "bytes": v.nbytes}
+                         for k, v in items if isinstance(v, SharedGraph)},
+                "refused": {_label(k): v for k, v in items if isinstance(v, str)}}
+
+
+@dataclasses.dataclass
+class SharedGraph:
+    """One off-catalog shape's capacity graph (after the rule-S passes), every stream's."""
+
+    gm: fx.GraphModule
+    plan: CapacityPlan
+    sym: SymbolicStep  # its symbolic step with the chunk's length bound: free in the capacity's dims
+    nbytes: int
+    build_s: float
+    how: str
 
 
 class AtDims:
@@ -58,9 +112,16 @@ class AtDims:
             return self.gm(*args[:self.n_inputs], *self.lengths, *args[self.n_inputs:])
 
 
-def capacity_executable(adapter, steps: Mapping[int, SymbolicStep], masked_attention=False) -> CapacityExecutable:
+def capacity_executable(adapter, steps: Mapping[int, SymbolicStep], masked_attention=False, programs=None,
+                        say: Callable[[str], None] | None = None,
+                        max_shared: int = DEFAULT_MAX_SHARED) -> CapacityExecutable:
     """Every catalog entry of ``adapter`` (made at the capacity: its symbolic dims' values)
-    from ``steps`` (entry index -> its symbolic step), rule S."""
+    from ``steps`` (entry index -> its symbolic step), rule S.  ``programs``: the model's
+    ``ProgramStore``, where an off-catalog chunk's symbolic step is looked up or kept once
+    traced (None: off-catalog chunks at a catalog entry's state run eagerly); ``say``:
+    progress lines; ``max_shared``: off-catalog shapes' graphs held."""
+    if isinstance(max_shared, bool) or not isinstance(max_shared, int) or max_shared < 0:
+        raise CadenceError(f"max_shared={max_shared!r} must be an int >= 0")
     device = torch.device(adapter.device)
     plan = build_plan(adapter)
     dims = {d: int(adapter.dims()[d]) for d in adapter.symbolic_dims()}
@@ -76,16 +137,25 @@ def capacity_executable(adapter, steps: Mapping[int, SymbolicStep], masked_atten
         with at_dims(dims):  # EarlyWriteback's check runs the graph, at the capacity
             gm, _ = rewrite_pipeline(region_bindings(plan, entry), "S", device.type)(gm)
         graphs[entry.index] = (gm, cplan, sym)
-    return CapacityExecutable(plan, graphs, adapter.signature, dims, device)
+    return CapacityExecutable(plan, graphs, adapter.signature, dims, device, adapter, programs, by_region,
+                              masked_attention, say or (lambda msg: None), max_shared)
 
 
-def at_length(cexe: CapacityExecutable, adapter, check_hazards: bool = True) -> Executable:
+def at_length(cexe: CapacityExecutable, adapter, check_hazards: bool = True, off_catalog: str = "specialize",
+              max_specializations: int = DEFAULT_MAX_ENTRIES,
+              max_specialization_bytes: int = DEFAULT_MAX_BYTES) -> Executable:
     """``cexe`` for streams of ``adapter`` (the same model at another length of its symbolic
     dims); ``SpecializationRefused`` where a graph does not serve that length.  With
     ``check_hazards`` each entry runs once on a scratch arena at this length and every read
     of old state after a write to the same bytes is refused (``PassError``): the rule-S
     passes proved it at the capacity only, and where a read and a write fall moves with
-    the length (one eager run per entry and length, as a per-length build's check costs)."""
+    the length (one eager run per entry and length, as a per-length build's check costs;
+    an off-catalog shape's the first time this executable runs it).
+
+    ``off_catalog``, ``max_specializations``, ``max_specialization_bytes``: the executable's
+    ``Variants`` (``compile_executable``'s): under ``"specialize"`` (the default here: a
+    shape's graph is built once for every stream) a window or flush at a catalog entry's
+    state runs the shared graph of its shape (``shared_variant``, built on first use)."""
     plan_here = build_plan(adapter)
     dims = {d: int(adapter.dims()[d]) for d in cexe.dims}
     if [e.index for e in plan_here.catalog] != sorted(cexe.graphs):
@@ -97,7 +167,7 @@ def at_length(cexe: CapacityExecutable, adapter, check_hazards: bool = True) -> 
         check_dims(cplan, sym, dims)
         lengths = [torch.tensor(dims[d], device=cexe.device) for d in sym.dims]
         if check_hazards:
-            problems = _hazards(gm, cexe, adapter, dims, lengths)
+            problems = _hazards(gm, cexe, list(adapter.example_inputs().values()), dims, lengths)
             if problems:
                 raise PassError(f"entry {entry.index} at {dims}: the arena's state is overwritten before it is "
                                 f"read: {problems[0]}")
@@ -106,14 +176,143 @@ def at_length(cexe: CapacityExecutable, adapter, check_hazards: bool = True) -> 
                                              meta.arena_inputs(gm), nxt, "graph")
     sig = cexe.signature
     plan = dataclasses.replace(plan_here, layout=cexe.plan.layout)  # the capacity's arena, this length's extents
+    variants = Variants(_stream_builder(cexe, adapter, plan, dims, check_hazards), off_catalog, max_specializations,
+                        max_specialization_bytes)
     return Executable(plan, programs, sig.inputs, sig.outputs, tuple(sig.regions), Rules.parse("S"),
-                      {"capacity": dict(cexe.dims), "at": dims})
+                      {"capacity": dict(cexe.dims), "at": dims}, variants=variants)
 
 
-def _hazards(gm: fx.GraphModule, cexe: CapacityExecutable, adapter, dims: Mapping[str, int], lengths: list) -> list:
+def _stream_builder(cexe: CapacityExecutable, adapter, plan, dims: Mapping[str, int], check_hazards: bool):
+    """``Variants``' ``build(key, inputs)`` for one stream: the shared graph of the key's shape
+    (at a catalog entry's state), checked at this stream's length; a state off the catalog:
+    a program of this stream's own (``compiler._variant_builder``, traced at its shapes)."""
+    own = _variant_builder(adapter, plan, Rules.parse("S"), cexe.programs, cexe.say)
+
+    def build(key: VariantKey, inputs: Mapping[str, torch.Tensor]):
+        if key.entry is None:
+            return own(key, inputs)
+        shared = shared_variant(cexe, key, inputs)
+        lengths = [torch.tensor(dims[d], device=cexe.device) for d in shared.sym.dims]
+        try:
+            check_dims(shared.plan, shared.sym, dims)
+            nxt = extents_at(shared.sym, plan, dims)
+        except SpecializationRefused as e:
+            raise VariantRefused(f"the shared graph of {_label(_shape(key))} does not serve {dims}: {e}") from e
+        if check_hazards:
+            example = [copy_strided(inputs[n]) for n in cexe.signature.inputs]
+            problems = _hazards(shared.gm, cexe, example, dims, lengths)
+            if problems:
+                raise VariantRefused(f"{key.label()} at {dims}: the arena's state is overwritten before it is read: "
+                                     f"{problems[0]}")
+        run = AtDims(shared.gm, dims, lengths, len(cexe.signature.inputs))
+        program = EntryProgram(variant_entry(plan, key), run, meta.arena_inputs(shared.gm), nxt, "graph")
+        return program, shared.nbytes, f"the capacity's shared graph ({shared.how})"
+    return build
+
+
+def _shape(key: VariantKey) -> tuple:
+    """What an off-catalog graph is shared by: the key's entry, inputs and flags (not its
+    extents, which are the entry's at each stream's length)."""
+    return key.entry, key.inputs, key.flags
+
+
+def _label(shape: tuple) -> str:
+    return VariantKey(shape[0], (), shape[1], shape[2]).label()
+
+
+def shared_variant(cexe: CapacityExecutable, key: VariantKey, inputs: Mapping[str, torch.Tensor]) -> SharedGraph:
+    """The capacity graph of ``key``'s shape (an off-catalog chunk at catalog entry
+    ``key.entry``'s state), built now if none is held; ``VariantRefused`` (remembered) where
+    none can be.  One build at a time: every stream waits for the one building."""
+    shape = _shape(key)
+    with cexe._building:
+        with cexe._lock:
+            hit = cexe.shared.get(shape)
+            if hit is not None:
+                cexe.shared.move_to_end(shape)
+        if isinstance(hit, str):
+            raise VariantRefused(hit)
+        if hit is not None:
+            return hit
+        t0 = time.perf_counter()
+        try:
+            built = _build_shared(cexe, key, inputs)
+        except (VariantRefused, SpecializationRefused, PassError) as e:
+            why = f"no capacity graph for {_label(shape)}: {e}"
+            with cexe._lock:
+                cexe.shared[shape] = why
+            raise VariantRefused(why) from e
+        built.build_s = round(time.perf_counter() - t0, 3)
+        with cexe._lock:
+            cexe.shared[shape] = built
+            cexe.built += 1
+            while sum(isinstance(v, SharedGraph) for v in cexe.shared.values()) > cexe.max_shared:
+                old = next(k for k, v in cexe.shared.items() if isinstance(v, SharedGraph))
+                del cexe.shared[old]
+                cexe.evicted += 1
+        return built
+
+
+def _build_shared(cexe: CapacityExecutable, key: VariantKey, inputs: Mapping[str, torch.Tensor]) -> SharedGraph:
+    if cexe.programs is None or cexe.adapter is None:
+        raise VariantRefused("the capacity executable has no program store (capacity_executable(programs=...))")
+    adapter, sig = cexe.adapter, cexe.signature
+    entry = cexe.plan.catalog[key.entry]
+    example = {n: copy_strided(inputs[n]) for n in sig.inputs}
+    setup: dict = {}
+
+    def use(sym: SymbolicStep, at: dict):
+        chunk = {d: v for d, v in at.items() if d not in cexe.dims}  # the chunk's own lengths: bound
+        bound = bind_dims(sym, chunk) if chunk else sym
+        gm, cplan = capacity_form(bound, cexe.dims, cexe.masked_attention, buffers=cexe.by_region, keep_values=True)
+        check_dims(cplan, bound, cexe.dims)  # the capacity itself meets this step's guards
+        return gm, cplan, bound
+    got = symbolic_entry(adapter, lambda d: build_plan(adapter, d), cexe.plan, entry, cexe.by_region, cexe.programs,
+                         setup, cexe.say, use, example, key.flag_values)
+    if got is None:
+        raise VariantRefused(f"no symbolic step serves it at the capacity {cexe.dims} ({setup.get('reason')})")
+    gm, cplan, bound = got
+    at_c = VariantKey(key.entry, tuple((r, e) for r, e in _entry_extents(cexe.plan, entry, tuple(sig.regions)).items()), key.inputs,
+                      key.flags)
+    bindings = region_bindings(cexe.plan, variant_entry(cexe.plan, at_c), traced_extents(gm, cexe.plan))
+    gm.meta[meta.EXAMPLE_INPUTS] = [example[n] for n in sig.inputs] + [torch.tensor(cexe.dims[d], device=cexe.device)
+                                                                       for d in bound.dims]
+    with at_dims(cexe.dims):  # EarlyWriteback's check runs the graph, at the capacity
+        gm, _ = rewrite_pipeline(bindings, "S", cexe.device.type)(gm)
+    how = f"{setup.get('how', '?')} (variant {setup.get('variant')}, program {setup.get('program')})"
+    return SharedGraph(gm, cplan, bound, own_bytes(gm, adapter), 0.0, how)
+
+
+def _entry_extents(plan, entry, carried: tuple) -> dict:
+    """Each carried region's extent at a catalog entry's state (None off a growth axis)."""
+    axes = {r: plan.layout.slot(r).axis for r in carried}
+    return {r: None if axes[r] is None else entry.regions[r].shape[axes[r]] for r in carried}
+
+
+def extents_at(sym: SymbolicStep, plan, dims: Mapping[str, int]) -> dict:
+    """The extents of the next state ``sym`` returns at ``dims`` (its recorded sizes, evaluated),
+    checked against ``plan``'s arena slots (``SpecializationRefused`` where one does not fit)."""
+    import sympy
+    binding = {sym.symbols[d]: sympy.Integer(int(v)) for d, v in dims.items()}
+    sig = meta.signature(sym.gm)
+    (outputs,) = [n.args[0] for n in sym.gm.graph.nodes if n.op == "output"]
+    shapes = {}
+    for r, node in zip(sig.regions, outputs[len(sig.outputs):]):
+        v = node.meta.get(meta.SYM) if isinstance(node, fx.Node) else None
+        if not isinstance(v, SymTensor):
+            raise SpecializationRefused(f"the step's next {r} has no recorded shape")
+        shapes[r] = tuple(_value(x, binding, f"the next {r}'s size") for x in v.shape)
+    try:
+        return extents_in_slots(shapes, plan)
+    except VariantRefused as e:
+        raise SpecializationRefused(str(e)) from e
+
+
+def _hazards(gm: fx.GraphModule, cexe: CapacityExecutable, inputs: list, dims: Mapping[str, int],
+             lengths: list) -> list:
     slots = {n: (cexe.plan.layout.slot(n).shape, getattr(torch, cexe.plan.layout.slot(n).dtype))
              for n in meta.arena_inputs(gm)}
-    return hazards_at(gm, slots, cexe.device, list(adapter.example_inputs().values()), dims, lengths)
+    return hazards_at(gm, slots, cexe.device, inputs, dims, lengths)
 
 
 def hazards_at(gm: fx.GraphModule, slots: Mapping[str, tuple], device, inputs: list, dims: Mapping[str, int],
@@ -128,4 +327,5 @@ def hazards_at(gm: fx.GraphModule, slots: Mapping[str, tuple], device, inputs: l
         return aliasing.region_hazards(aliasing.record_accesses(gm, args, regions))
 
 
-__all__ = ["AtDims", "CapacityExecutable", "CapacityPlan", "at_length", "capacity_executable", "hazards_at"]
+__all__ = ["AtDims", "CapacityExecutable", "CapacityPlan", "SharedGraph", "at_length", "capacity_executable",
+           "extents_at", "hazards_at", "shared_variant"]

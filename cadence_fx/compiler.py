@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 import torch.fx as fx
@@ -361,13 +361,21 @@ def traced_extents(gm: fx.GraphModule, plan: Plan) -> dict[str, int | None]:
     where it does not fit the region's arena slot (off the growth axis, or past its capacity)."""
     sig = meta.signature(gm)
     (outputs,) = [n.args[0] for n in gm.graph.nodes if n.op == "output"]
-    out = {}
+    shapes = {}
     for r, node in zip(sig.regions, outputs[len(sig.outputs):]):
-        slot = plan.layout.slot(r)
         val = meta.value(gm, node) if isinstance(node, fx.Node) else None
         if not isinstance(val, torch.Tensor):
             raise VariantRefused(f"the step's next {r} has no recorded shape")
-        shape = tuple(val.shape)
+        shapes[r] = tuple(val.shape)
+    return extents_in_slots(shapes, plan)
+
+
+def extents_in_slots(shapes: Mapping[str, tuple], plan: Plan) -> dict[str, int | None]:
+    """Each carried region's extent in a next state of these ``shapes``; ``VariantRefused``
+    where one does not fit the region's arena slot (off the growth axis, or past its capacity)."""
+    out = {}
+    for r, shape in shapes.items():
+        slot = plan.layout.slot(r)
         off = len(shape) != len(slot.shape) or any(a != b for d, (a, b) in enumerate(zip(shape, slot.shape))
                                                    if d != slot.axis)
         if off or (slot.axis is not None and shape[slot.axis] > slot.shape[slot.axis]):

@@ -116,7 +116,25 @@ def specialized_entry(adapter, plan_at: Callable[[dict], Plan], plan: Plan, entr
     input shape, a flush): its own symbolic steps, keyed by those shapes (the axes
     ``adapter.symbolic_inputs()`` names symbolic, so one trace serves every length) and flags.
     ``share``: ``specialize``'s (the adapter's ``repeated_calls()``, or None: unrolled)."""
-    sig = adapter.signature
+    device = torch.device(adapter.device)
+    example = adapter.example_inputs() if example_inputs is None else dict(example_inputs)
+    tensors = {f"in_{n}": t for n, t in example.items()}
+    tensors.update({f"state_{r}": empty_of(entry.regions[r], device) for r in adapter.signature.regions})  # shapes only
+
+    def use(sym: SymbolicStep, at: dict) -> fx.GraphModule:
+        return specialize(sym, at, tensors, by_region, recompile=False, share=share)
+    return symbolic_entry(adapter, plan_at, plan, entry, by_region, programs, setup, say, use, example_inputs, flags)
+
+
+def symbolic_entry(adapter, plan_at: Callable[[dict], Plan], plan: Plan, entry: CatalogEntry, by_region: dict,
+                   programs: ProgramStore, setup: dict, say, use: Callable[[SymbolicStep, dict], object],
+                   example_inputs: dict | None = None, flags: dict | None = None):
+    """``use(step, dims)`` of the first of the entry's symbolic steps (looked up, or traced
+    here where none serves and a variant is left) that it does not refuse
+    (``SpecializationRefused``), at ``dims`` (the adapter's symbolic dims and, for an
+    off-catalog chunk, its input lengths); ``None`` (with ``setup["reason"]``) where none
+    serves.  ``specialized_entry`` uses a step by specializing it; a capacity form
+    (``capacity_executable``) by binding its chunk length and holding the rest at a capacity."""
     device = torch.device(adapter.device)
     symbolic = tuple(adapter.symbolic_dims())
     dims = dict(adapter.dims())
@@ -139,8 +157,6 @@ def specialized_entry(adapter, plan_at: Callable[[dict], Plan], plan: Plan, entr
     if why is not None:
         setup["reason"] = why
         return None
-    tensors = {f"in_{n}": t for n, t in example.items()}
-    tensors.update({f"state_{r}": empty_of(entry.regions[r], device) for r in sig.regions})  # shapes only
     at = {d: dims[d] for d in symbolic}
     prepare = lambda: run_once(adapter, entry, by_region, device, example, flags)  # noqa: E731 - a table moved on first use
     refusals = []
@@ -169,7 +185,7 @@ def specialized_entry(adapter, plan_at: Callable[[dict], Plan], plan: Plan, entr
                     programs.put(key, sym, adapter)  # and on disk, with the model's disk cache
         t0 = time.perf_counter()
         try:
-            gm = specialize(sym, at, tensors, by_region, recompile=False, share=share)
+            gm = use(sym, at)
         except SpecializationRefused as e:
             refusals.append(f"variant {variant}: {e}")
             if fresh:

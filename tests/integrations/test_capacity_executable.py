@@ -3,8 +3,9 @@
 The mini Token2Wav's catalog entries, each rewritten once at a capacity of 200 prompt
 frames from the symbolic steps a 40-token prompt traced, serve sessions at other prompt
 lengths: every chunk against the stock tail (waveform, PCM, every state tensor), through
-warm-up, growth, the trim, steady chunks and a flush (the flush: the eager fallback, no
-variants yet), two voices interleaved on the one set of graphs.
+warm-up, growth, the trim, steady chunks and a flush, two voices interleaved on the one
+set of graphs; windows and flushes on graphs of their own, each shape built once for every
+voice.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def shared(t2w_mini):
     opt = t2w_mini.opt
     spk = s2.synthetic_prompt(40, seed=1)[2]
     steps = catalog_steps(opt)
-    return opt, capacity_executable(opt.adapter_for(CAPACITY, spk), steps)
+    return opt, capacity_executable(opt.adapter_for(CAPACITY, spk), steps, programs=opt.programs)
 
 
 def stream_at(opt, cexe, prompt_tokens: int):
@@ -54,9 +55,9 @@ def test_two_voices_interleaved_on_one_set_of_graphs_exact(shared):
             report = compare_streams(stock, session, chunks[p][i:i + 1], CPU, seed=1000 * p + i)
             assert report["exact"], (p, i, report["mismatches"])
             routes[p].append(report["per_chunk"][0]["route"])
-    for p in voices:  # warm-up, growth, the trimmed steady entry: the shared graphs; the flush: eager
-        assert routes[p][:5] == ["graph entry 0", "graph entry 1"] + ["graph entry 2"] * 3, routes[p]
-        assert routes[p][5].startswith("fallback"), routes[p]
+    for p in voices:  # warm-up, growth, the trimmed steady entry, the flush: the shared graphs
+        assert routes[p] == ["graph entry 0", "graph entry 1"] + ["graph entry 2"] * 3 + [
+            "graph specialization entry 2 | token (1, 11), spk (1, 192) | last_chunk"], routes[p]
 
 
 def test_at_the_capacity_exact_and_past_it_refused(shared):
@@ -102,3 +103,68 @@ def test_a_read_after_a_write_that_moves_with_the_length_is_found_at_that_length
     assert hazards_at(gm, slots, CPU, [torch.zeros(1, 4)], {"p": 40}, [torch.tensor(40)]) == []
     problems = hazards_at(gm, slots, CPU, [torch.zeros(1, 4)], {"p": 8}, [torch.tensor(8)])
     assert problems and "reads old state of region 'c'" in problems[0], problems
+
+
+def _tokens(n: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, s2.VOCAB, (n,), generator=g).tolist()
+
+
+def test_windows_and_flushes_share_graphs_across_voices_exact(shared):
+    """Turn-end windows and flushes on a capacity executable: each shape's graph is built
+    once, the first time any voice sends it, and serves every voice after that; every chunk
+    exact against the stock tail through two turns of two voices interleaved, a reset
+    between them.  A third turn sends its window during the warm-up, which leaves the
+    state off the catalog: the chunk after it gets a program of that stream's own, and the
+    trim brings the state back to the catalog for the flush."""
+    opt, cexe = shared
+    before = cexe.stats()["built"]
+    window, flush = (_tokens(14, 5), False), (_tokens(7, 6), True)
+    turns = [[(_tokens(28, 2 + i), False) for i in range(3)] + [window, flush],
+             [(_tokens(28, 7 + i), False) for i in range(2)] + [window, flush],
+             [(_tokens(28, 11), False), window, (_tokens(28, 12), False), flush]]
+    voices = {p: stream_at(opt, cexe, p) for p in (41, 57)}
+    routes = {p: [] for p in voices}
+    for t, chunks in enumerate(turns):
+        for i in range(len(chunks)):
+            for p, (session, stock) in voices.items():
+                if t == 2 and p == 57:
+                    continue  # the warm-up window: one voice is enough
+                report = compare_streams(stock, session, chunks[i:i + 1], CPU, seed=100 * p + 10 * t + i)
+                assert report["exact"], (p, t, i, report["mismatches"])
+                routes[p].append(report["per_chunk"][0]["route"])
+        for p, (session, stock) in voices.items():
+            session.reset()
+            stock.set_stream_cache(*s2.synthetic_prompt(p, seed=p))
+    w = "graph specialization entry 2 | token (1, 14), spk (1, 192)"
+    f = "graph specialization entry 2 | token (1, 7), spk (1, 192) | last_chunk"
+    for p in voices:
+        assert routes[p][:9] == ["graph entry 0", "graph entry 1", "graph entry 2", w, f,
+                                 "graph entry 0", "graph entry 1", w, f], routes[p]
+    stats = cexe.stats()
+    assert stats["refused"] == {}, stats
+    assert {w.removeprefix("graph specialization "), f.removeprefix("graph specialization ")} <= set(stats["held"])
+    third = routes[41][9:]
+    assert third[:2] == ["graph entry 0", "graph specialization entry 1 | token (1, 14), spk (1, 192)"], third
+    assert third[2].startswith("graph specialization off-catalog") and third[3] == f, third  # its own; the trim
+    held = voices[41][0].stats()["specializations"]["held"]
+    assert sum(v["how"].startswith("the capacity's shared graph") for v in held.values()) == 3, held
+    assert stats["built"] - before == 3  # the two shapes of turn 1, each once for both voices; the warm-up window's
+
+
+def test_a_shape_no_graph_serves_runs_eagerly_with_its_reason(shared):
+    """Without a program store no off-catalog graph can be built: the window runs the exact
+    eager path, counted with the reason, and the stream goes on on its graphs."""
+    import collections
+    import dataclasses
+    opt, cexe = shared
+    bare = dataclasses.replace(cexe, programs=None, shared=collections.OrderedDict())
+    session, stock = stream_at(opt, bare, 41)
+    chunks = [(_tokens(28, 2 + i), False) for i in range(3)] + [(_tokens(14, 5), False), (_tokens(28, 4), False)]
+    report = compare_streams(stock, session, chunks, CPU, seed=7)
+    assert report["exact"], report["mismatches"]
+    routes = [c["route"] for c in report["per_chunk"]]
+    assert routes[3].startswith("fallback") and routes[4] == "graph entry 2", routes
+    refused = session.stats()["specializations"]["refused"]
+    assert any("no program store" in why for why in refused.values()), refused
+    assert bare.stats()["refused"] and not bare.stats()["held"]
