@@ -112,33 +112,52 @@ class AtDims:
             return self.gm(*args[:self.n_inputs], *self.lengths, *args[self.n_inputs:])
 
 
-def capacity_executable(adapter, steps: Mapping[int, SymbolicStep], masked_attention=False, programs=None,
-                        say: Callable[[str], None] | None = None,
+def capacity_executable(adapter, steps: "Mapping[int, SymbolicStep] | None" = None, masked_attention=False,
+                        programs=None, say: Callable[[str], None] | None = None,
                         max_shared: int = DEFAULT_MAX_SHARED) -> CapacityExecutable:
     """Every catalog entry of ``adapter`` (made at the capacity: its symbolic dims' values)
-    from ``steps`` (entry index -> its symbolic step), rule S.  ``programs``: the model's
-    ``ProgramStore``, where an off-catalog chunk's symbolic step is looked up or kept once
-    traced (None: off-catalog chunks at a catalog entry's state run eagerly); ``say``:
-    progress lines; ``max_shared``: off-catalog shapes' graphs held."""
+    from ``steps`` (entry index -> its symbolic step), rule S; ``steps=None``: each entry's
+    symbolic step that serves the capacity, looked up in ``programs`` or traced there
+    (``programs.entry.symbolic_entry``: the branch class of the capacity's length).
+    ``programs``: the model's ``ProgramStore``, where an off-catalog chunk's symbolic step
+    is looked up or kept once traced (None: off-catalog chunks at a catalog entry's state
+    run eagerly); ``say``: progress lines; ``max_shared``: off-catalog shapes' graphs held.
+    ``SpecializationRefused`` where a step does not serve the capacity itself."""
     if isinstance(max_shared, bool) or not isinstance(max_shared, int) or max_shared < 0:
         raise CadenceError(f"max_shared={max_shared!r} must be an int >= 0")
+    if steps is None and programs is None:
+        raise CadenceError("capacity_executable needs the catalog's symbolic steps or the model's ProgramStore")
     device = torch.device(adapter.device)
     plan = build_plan(adapter)
     dims = {d: int(adapter.dims()[d]) for d in adapter.symbolic_dims()}
     scratch = Arena(plan.layout, device)
     by_region = region_buffers(adapter.declaration, scratch)
+    say = say or (lambda msg: None)
     graphs = {}
-    for entry in plan.catalog:
-        sym = steps[entry.index]
+
+    def use(sym: SymbolicStep, at=None):
         gm, cplan = capacity_form(sym, dims, masked_attention, buffers=by_region,
                                   keep_values=True)  # what the passes read of each node
+        check_dims(cplan, sym, dims)  # the capacity itself meets the step's guards
+        return sym, gm, cplan
+    for entry in plan.catalog:
+        if steps is not None:
+            sym, gm, cplan = use(steps[entry.index])
+        else:
+            setup: dict = {}
+            got = symbolic_entry(adapter, lambda d: build_plan(adapter, d), plan, entry, by_region, programs, setup,
+                                 say, use)
+            if got is None:
+                raise SpecializationRefused(f"no symbolic step of entry {entry.index} serves the capacity {dims}: "
+                                            f"{setup.get('reason')}")
+            sym, gm, cplan = got
         gm.meta[meta.EXAMPLE_INPUTS] = (list(adapter.example_inputs().values())
                                         + [torch.tensor(dims[d], device=device) for d in sym.dims])
         with at_dims(dims):  # EarlyWriteback's check runs the graph, at the capacity
             gm, _ = rewrite_pipeline(region_bindings(plan, entry), "S", device.type)(gm)
         graphs[entry.index] = (gm, cplan, sym)
     return CapacityExecutable(plan, graphs, adapter.signature, dims, device, adapter, programs, by_region,
-                              masked_attention, say or (lambda msg: None), max_shared)
+                              masked_attention, say, max_shared)
 
 
 def at_length(cexe: CapacityExecutable, adapter, check_hazards: bool = True, off_catalog: str = "specialize",

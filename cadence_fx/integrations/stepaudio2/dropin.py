@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from ...compiler import build_plan, open_pending_session, open_session
+from ...errors import CadenceError, PassError, RulesError, SpecializationRefused
 from ...programs import setup_section
 from ...runtime.binding import rebind_buffers
+from ...step import Rules
 from ...runtime.variants import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, DEFAULT_POLICY, off_catalog_section
 from ..dropin import DEFAULT_MAX_EXECUTABLES, DropIn
 from ..frames import speech_out
@@ -37,14 +41,28 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
     default session.  Under R/Rc the sessions share the model's stock-sized buffers
     as scratch, so they must not step concurrently.  Both APIs check their arguments
     first (``inputs``) and copy the speaker vector: the caller may reuse its tensor.
+
+    ``capacity`` (rule S; architecture item 4): prompt lengths in mel frames, e.g.
+    ``(256, 512)``.  A prompt of ``s`` frames then runs the graphs of the smallest capacity
+    ``C >= s`` that serves it (``capacity_executable``: one set of graphs per capacity,
+    built the first time, for every prompt length up to it; windows and flushes share
+    graphs the same way): a new voice costs a set-up and a check at its length, no
+    specialization, and its arena is laid out at ``C``.  A length no capacity serves (past
+    the largest, or in another branch class of the model's code) is built for its own
+    length as without ``capacity``; ``capacity_stats()`` says which and why.
     """
 
     def __init__(self, tail: Token2WavTail, rules: str = "S", progress=None, cache=True,
                  off_catalog: str = DEFAULT_POLICY, max_specializations: int = DEFAULT_MAX_ENTRIES,
                  max_specialization_bytes: int = DEFAULT_MAX_BYTES,
-                 max_executables: int = DEFAULT_MAX_EXECUTABLES, background: bool = False):
+                 max_executables: int = DEFAULT_MAX_EXECUTABLES, background: bool = False,
+                 capacity: "int | tuple[int, ...] | None" = None):
         super().__init__(rules, tail.device, progress, cache, off_catalog, max_specializations,
                          max_specialization_bytes, max_executables, background)
+        self.capacity = check_capacity(capacity, self.rules)
+        self._capacities: dict = {}  # (capacity, spk shape, dtype) -> CapacityExecutable, or why none
+        self._capacity_lock = threading.Lock()  # building one (streams of other lengths go on)
+        self.capacity_refused: dict[int, str] = {}  # prompt frames -> why no capacity serves it
         self.n_timesteps, self.float16 = tail.n_timesteps, tail.float16
         flow_paths = [p.removeprefix("flow.") for p in STOCK_BUFFERS]
         self._stock_buffer_bytes = sum(module_buffer(tail.flow, p).nbytes for p in flow_paths)
@@ -89,10 +107,60 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
         spk = spk.clone(memory_format=torch.contiguous_format)  # the caller's tensor may change after
         prompt_frames = int(prompt_mels.shape[1])
         adapter = self.adapter_for(prompt_frames, spk)
-        exe, build = self._executable_or_build(self._key(prompt_frames, spk), adapter)
+        exe = self._at_capacity(prompt_frames, spk, adapter) if self.capacity else None
+        build = None
+        if exe is None:
+            exe, build = self._executable_or_build(self._key(prompt_frames, spk), adapter)
         if build is not None:  # background: eager chunks until its executable is built
             return open_pending_session(adapter, self.rules, build, prompt_tokens, prompt_mels, spk), spk
         return open_session(exe, adapter, prompt_tokens, prompt_mels, spk), spk
+
+    def _at_capacity(self, prompt_frames: int, spk: torch.Tensor, adapter: Token2WavAdapter):
+        """The executable of a stream of ``prompt_frames`` on the smallest capacity that
+        serves it (held by length as any executable), or None (why: ``capacity_refused``)."""
+        from ...capacity_executable import at_length, capacity_executable
+        key = self._key(prompt_frames, spk)
+        with self._exe_lock:
+            exe = self._executables.get(key)
+            if exe is not None:
+                self._executables.move_to_end(key)
+                return exe
+        whys = []
+        for cap in (c for c in self.capacity if c >= prompt_frames):
+            ckey = (cap,) + key[1:]
+            with self._capacity_lock:
+                cexe = self._capacities.get(ckey)
+                if cexe is None:
+                    if self.progress:
+                        self.progress(f"building the graphs of every prompt length up to {cap} mel frames")
+                    try:
+                        cexe = capacity_executable(self.adapter_for(cap, spk), None, programs=self.programs,
+                                                   say=self.progress)
+                    except (SpecializationRefused, PassError) as e:
+                        cexe = f"{type(e).__name__}: {e}"
+                    self._capacities[ckey] = cexe
+            if isinstance(cexe, str):
+                whys.append(f"capacity {cap}: {cexe}")
+                continue
+            try:
+                exe = at_length(cexe, adapter, True, *self.off_catalog)
+            except (SpecializationRefused, PassError) as e:
+                whys.append(f"capacity {cap}: {type(e).__name__}: {e}")
+                continue
+            with self._exe_lock:
+                self._keep(key, exe)
+            self.capacity_refused.pop(prompt_frames, None)
+            return exe
+        self.capacity_refused[prompt_frames] = "; ".join(whys) or f"past the largest capacity {max(self.capacity)}"
+        return None
+
+    def capacity_stats(self) -> dict:
+        """Per capacity: its shared off-catalog graphs (``CapacityExecutable.stats``) or why it
+        has none; and the prompt lengths no capacity served, with why."""
+        return {"capacity": list(self.capacity or ()),
+                "built": {f"{k[0]} mel frames": v if isinstance(v, str) else v.stats()
+                          for k, v in self._capacities.items()},
+                "refused": dict(self.capacity_refused)}
 
     @torch.inference_mode()
     def open_session(self, prompt_tokens: torch.Tensor, prompt_mels: torch.Tensor, spk: torch.Tensor,
@@ -129,3 +197,19 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
         stock-sized buffers plus the session's state copies (rules R/Rc)."""
         held = super().state_bytes
         return held if self.stable_state else held + self._stock_buffer_bytes
+
+
+def check_capacity(capacity, rules: str) -> "tuple[int, ...] | None":
+    """``capacity`` as sorted prompt lengths (mel frames), or None; ``CadenceError`` naming a
+    bad value, ``RulesError`` for rules that replay (capacity graphs run under rule S)."""
+    if capacity is None:
+        return None
+    values = (capacity,) if isinstance(capacity, int) else capacity
+    if not isinstance(values, (tuple, list)) or not values or any(
+            isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
+        raise CadenceError(f"capacity={capacity!r} must be a prompt length in mel frames (an int >= 1) or a "
+                           f"non-empty tuple of them")
+    if Rules.parse(rules).replays:
+        raise RulesError(f"capacity={capacity!r} runs under rules 'S' only (rules {rules!r}: capture of capacity "
+                         f"graphs is not built yet)")
+    return tuple(sorted(set(values)))
