@@ -37,9 +37,9 @@ import torch
 import torch.fx as fx
 
 from . import step as meta
-from .errors import CadenceError, PassError, SpecializationRefused
+from .errors import CadenceError, PassError, SpecializationRefused, TraceError
 from .foreground import forked_rng
-from .passes import aliasing
+from .passes import aliasing, capacity_ops
 from .compiler import (_variant_builder, build_plan, extents_in_slots, own_bytes, region_bindings, region_buffers,
                        rewrite_pipeline, traced_extents, variant_entry)
 from .passes.capacity import at_dims, capacity_form, check_dims
@@ -136,6 +136,7 @@ def capacity_executable(adapter, steps: "Mapping[int, SymbolicStep] | None" = No
     graphs = {}
 
     def use(sym: SymbolicStep, at=None):
+        serves(sym, dims)
         gm, cplan = capacity_form(sym, dims, masked_attention, buffers=by_region,
                                   keep_values=True)  # what the passes read of each node
         check_dims(cplan, sym, dims)  # the capacity itself meets the step's guards
@@ -256,8 +257,8 @@ def shared_variant(cexe: CapacityExecutable, key: VariantKey, inputs: Mapping[st
         t0 = time.perf_counter()
         try:
             built = _build_shared(cexe, key, inputs)
-        except (VariantRefused, SpecializationRefused, PassError) as e:
-            why = f"no capacity graph for {_label(shape)}: {e}"
+        except (VariantRefused, SpecializationRefused, PassError, TraceError) as e:  # CapacityRefused: a TraceError
+            why = f"no capacity graph for {_label(shape)}: {type(e).__name__}: {e}"
             with cexe._lock:
                 cexe.shared[shape] = why
             raise VariantRefused(why) from e
@@ -283,6 +284,7 @@ def _build_shared(cexe: CapacityExecutable, key: VariantKey, inputs: Mapping[str
     def use(sym: SymbolicStep, at: dict):
         chunk = {d: v for d, v in at.items() if d not in cexe.dims}  # the chunk's own lengths: bound
         bound = bind_dims(sym, chunk) if chunk else sym
+        serves(bound, cexe.dims)
         gm, cplan = capacity_form(bound, cexe.dims, cexe.masked_attention, buffers=cexe.by_region, keep_values=True)
         check_dims(cplan, bound, cexe.dims)  # the capacity itself meets this step's guards
         return gm, cplan, bound
@@ -300,6 +302,16 @@ def _build_shared(cexe: CapacityExecutable, key: VariantKey, inputs: Mapping[str
         gm, _ = rewrite_pipeline(bindings, "S", cexe.device.type)(gm)
     how = f"{setup.get('how', '?')} (variant {setup.get('variant')}, program {setup.get('program')})"
     return SharedGraph(gm, cplan, bound, own_bytes(gm, adapter), 0.0, how)
+
+
+def serves(sym: SymbolicStep, dims: Mapping[str, int]) -> None:
+    """``SpecializationRefused`` unless every guard of ``sym`` holds at ``dims`` (all its dims):
+    a symbolic step of another branch class is passed over for the next (``symbolic_entry``)."""
+    import sympy
+    binding = {sym.symbols[d]: sympy.Integer(int(v)) for d, v in dims.items()}
+    for g in sym.guards:
+        if _value(g, binding, "a guard") is not True:
+            raise SpecializationRefused(f"guard {g} does not hold at {dict(dims)}")
 
 
 def _entry_extents(plan, entry, carried: tuple) -> dict:
@@ -340,6 +352,13 @@ def hazards_at(gm: fx.GraphModule, slots: Mapping[str, tuple], device, inputs: l
     zeroed scratch regions (``slots``: region -> (shape, dtype)): reads of old state after a
     write to the same bytes, as ``aliasing.region_hazards`` words them."""
     regions = {n: torch.zeros(shape, dtype=dtype, device=device) for n, (shape, dtype) in slots.items()}
+    with at_dims(dims):  # the host sizes the region views take: the walk needs no run of the model
+        scalars = {n: n.target(*n.args) for n in gm.graph.nodes if n.op == "call_function"
+                   and n.target is capacity_ops.host_size}
+        try:
+            return aliasing.region_hazards(aliasing.record_region_accesses(gm, regions, scalars))
+        except aliasing.NeedsFullRun:
+            pass
     args = list(inputs) + list(lengths) + [regions[n] for n in meta.arena_inputs(gm)]
     devices = [torch.device(device)] if torch.device(device).type == "cuda" else []
     with at_dims(dims), forked_rng(devices, "the capacity executable's hazard check"), torch.no_grad():

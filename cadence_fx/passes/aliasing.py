@@ -128,7 +128,8 @@ class NeedsFullRun(Exception):
     """The graph does something to region memory the region-only walk cannot follow."""
 
 
-def record_region_accesses(gm: fx.GraphModule, regions: Mapping[str, torch.Tensor]) -> list[Access]:
+def record_region_accesses(gm: fx.GraphModule, regions: Mapping[str, torch.Tensor],
+                           scalars: "Mapping[fx.Node, object] | None" = None) -> list[Access]:
     """``record_accesses`` without running the model: the same log, from the region views alone.
 
     Only region memory is logged, and only views of it (and in-place ops, whose result
@@ -137,7 +138,8 @@ def record_region_accesses(gm: fx.GraphModule, regions: Mapping[str, torch.Tenso
     tensors (values never matter, only layouts), and logs every other op's region
     arguments; it runs nothing else.  Raises ``NeedsFullRun`` where it cannot follow
     (a call that is not an aten op takes region memory, a view's argument is unknown):
-    the caller then runs the graph (``record_accesses``).
+    the caller then runs the graph (``record_accesses``).  ``scalars``: values of nodes
+    that are not region memory but that views of it take (a capacity graph's host sizes).
     """
     storages = {r: t.untyped_storage().data_ptr() for r, t in regions.items()}
     env: dict[fx.Node, object] = {}
@@ -146,16 +148,16 @@ def record_region_accesses(gm: fx.GraphModule, regions: Mapping[str, torch.Tenso
             env[node] = regions[meta.region(node)]
     log: list[Access] = []
     with torch.no_grad():
-        _walk(gm, None, env, origins(gm), storages, log, {})
+        _walk(gm, None, env, origins(gm), storages, log, {}, scalars or {})
     return log
 
 
 def _walk(gm: fx.GraphModule, positions: "Mapping | None", env: dict, tags: Mapping, storages: Mapping,
-          log: list, memo: dict) -> None:
+          log: list, memo: dict, scalars: Mapping = {}) -> None:
     """``record_region_accesses``' walk over one graph (a shared step's call: over its
     submodule, at the call's arguments; ``memo``: ``_inner``'s)."""
 
-    value = functools.partial(_value, env=env)
+    value = functools.partial(_value, env=env, scalars=scalars)
 
     def known(a) -> bool:
         return isinstance(a, fx.Node) and a in env
@@ -170,7 +172,7 @@ def _walk(gm: fx.GraphModule, positions: "Mapping | None", env: dict, tags: Mapp
             if call_summary(n) is None:
                 raise NeedsFullRun(f"{n.name} (a call of module {n.target}) takes region memory")
             sub, inner_positions, inner_env, inner_tags = _inner(n, position, env, tags, memo)
-            _walk(sub, inner_positions, inner_env, inner_tags, storages, log, memo)
+            _walk(sub, inner_positions, inner_env, inner_tags, storages, log, memo, scalars)
             (output,) = [o for o in sub.graph.nodes if o.op == "output"]
             env[n] = tuple(inner_env.get(v) if isinstance(v, fx.Node) else None for v in output.args[0])
             continue
@@ -192,16 +194,18 @@ def _walk(gm: fx.GraphModule, positions: "Mapping | None", env: dict, tags: Mapp
             raise NeedsFullRun(f"{n.name} ({n.target}) may return region memory")
 
 
-def _value(a, env: dict):
-    """``a`` with each node replaced by its region memory in ``env`` (a module function: a
-    recursive closure would be a reference cycle holding ``env``, its nodes and views,
-    until a collection)."""
+def _value(a, env: dict, scalars: Mapping = {}):
+    """``a`` with each node replaced by its region memory in ``env``, or its value in
+    ``scalars`` (a module function: a recursive closure would be a reference cycle holding
+    ``env``, its nodes and views, until a collection)."""
     if isinstance(a, fx.Node):
-        if a not in env:
-            raise NeedsFullRun(f"{a.name} is not region memory")
-        return env[a]
+        if a in env:
+            return env[a]
+        if a in scalars:
+            return scalars[a]
+        raise NeedsFullRun(f"{a.name} is not region memory")
     if isinstance(a, (list, tuple)):
-        return type(a)(_value(x, env) for x in a)
+        return type(a)(_value(x, env, scalars) for x in a)
     return a
 
 

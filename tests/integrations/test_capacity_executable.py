@@ -74,7 +74,8 @@ def test_a_read_after_a_write_that_moves_with_the_length_is_found_at_that_length
     """The rule-S passes prove the arena's reads come before its writes at the capacity only:
     here the buffer's write sits at frames 4-8 and the old state's read at its last four
     frames, apart at 40 frames and overlapping at 8. ``hazards_at`` (what ``at_length`` runs
-    for each entry and length) finds it at 8, not at 40."""
+    for each entry and length) finds it at 8, not at 40: from the region views alone at the
+    stream's host sizes, and by running the step where that walk cannot follow."""
     from cadence_fx import step as meta
     from cadence_fx.capacity_executable import hazards_at
     from cadence_fx.compiler import rewrite_pipeline
@@ -100,9 +101,17 @@ def test_a_read_after_a_write_that_moves_with_the_length_is_found_at_that_length
     with cap.at_dims({"p": 40}):
         gm, _ = rewrite_pipeline([RegionBinding("c", (1, 48), "float32", 1, 40, 40, True)], "S", "cpu")(gm)
     slots = {"c": ((1, 48), f32)}
-    assert hazards_at(gm, slots, CPU, [torch.zeros(1, 4)], {"p": 40}, [torch.tensor(40)]) == []
-    problems = hazards_at(gm, slots, CPU, [torch.zeros(1, 4)], {"p": 8}, [torch.tensor(8)])
-    assert problems and "reads old state of region 'c'" in problems[0], problems
+    from cadence_fx.passes import aliasing
+    for walk in (True, False):  # the region walk (no run of the step), and the full run it falls back to
+        with pytest.MonkeyPatch.context() as mp:
+            if walk:  # the walk alone must find it
+                mp.setattr(aliasing, "record_accesses", lambda *a, **k: pytest.fail("ran the step"))
+            else:
+                mp.setattr(aliasing, "record_region_accesses",
+                           lambda *a, **k: (_ for _ in ()).throw(aliasing.NeedsFullRun("off")))
+            assert hazards_at(gm, slots, CPU, [torch.zeros(1, 4)], {"p": 40}, [torch.tensor(40)]) == []
+            problems = hazards_at(gm, slots, CPU, [torch.zeros(1, 4)], {"p": 8}, [torch.tensor(8)])
+            assert problems and "reads old state of region 'c'" in problems[0], (walk, problems)
 
 
 def _tokens(n: int, seed: int) -> list[int]:
