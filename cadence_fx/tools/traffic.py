@@ -51,6 +51,7 @@ from .. import foreground
 from ..runtime import collector
 from . import registry
 from .options import add_model_args, model_of, progress
+from .traffic_report import markdown, plot
 
 DEFAULTS = {"prompt": (75, 250), "steady": (2, 12), "window": (8, 27), "flush": (1, 28)}
 TOKEN_SECONDS = 1 / 25  # a speech token's audio (Token2Wav: 25 Hz tokens, 50 mel frames a second)
@@ -64,6 +65,13 @@ def _range(text: str) -> tuple[int, int]:
     if not 1 <= lo <= hi:
         raise argparse.ArgumentTypeError(f"{text!r}: need 1 <= LO <= HI")
     return lo, hi
+
+
+def _frames(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: prompt lengths in mel frames, e.g. 500 or 256,512") from None
 
 
 def _share(text: str) -> float:
@@ -86,6 +94,9 @@ def add_args(p) -> None:
     p.add_argument("--off-catalog", choices=("specialize", "repeat", "eager"), default="specialize",
                    help="windows, flushes and the steps after them: their own programs, built on first use "
                         "(default) or the second time a shape comes (repeat), or the exact eager path")
+    p.add_argument("--capacity", type=_frames, default=None, metavar="FRAMES[,FRAMES]",
+                   help="rule S: every voice up to FRAMES prompt mel frames on one set of graphs (optimize(..., "
+                        "capacity=...)); a longer voice, or one no capacity serves, is built for its own length")
     p.add_argument("--background", action="store_true",
                    help="build each new voice's graphs on a worker thread while its chunks run the exact eager "
                         "path (optimize(..., background=True)); the first voice still builds at its set-up")
@@ -162,7 +173,11 @@ def run(args) -> int:
     stock, _ = registry.build(spec, args)
     opt = registry.optimize(spec, stock, rules, say)
     opt.set_off_catalog(args.off_catalog)
-    was_background = getattr(opt, "background", False)
+    was_capacity, was_background = getattr(opt, "capacity", None), getattr(opt, "background", False)
+    if args.capacity is not None:
+        if not hasattr(opt, "set_capacity"):
+            raise SystemExit(f"--capacity: the optimized {spec.name} has no capacity graphs")
+        opt.set_capacity(args.capacity)  # restored below (the model is kept for later commands)
     if args.background:
         if not hasattr(opt, "set_background"):
             raise SystemExit(f"--background: the optimized {spec.name} does not build in the background")
@@ -199,6 +214,8 @@ def run(args) -> int:
         c["session"].close()
     if args.background:
         opt.set_background(was_background)
+    if args.capacity is not None:
+        opt.set_capacity(was_capacity)
     foreground.set_build_share(old_share)
     _emit(args, report)
     return 0 if report["exact"] else 1
@@ -478,6 +495,7 @@ def _report(args, rules: str, convos, live, rows, device, percentile, idle=()) -
         "conversations": len(convos), "chunks": len(rows),
         "exact": all(p["exact"] for p in per), "program_share": prog, "replayed_share": rep,
         "fallbacks": fallbacks(rows), "off_catalog": args.off_catalog, "background": args.background,
+        "capacity": list(args.capacity) if args.capacity else None,
         "build_share": foreground.build_share(),
         "idle": args.idle, "idle_s": round(sum(s for s, _ in idle), 3), "captured_idle": sum(n for _, n in idle),
         "specializations": _specializations(live),
@@ -528,63 +546,6 @@ def _specializations(live: dict) -> dict:
         build_s += spec["build_s"]
         refused.update(spec["refused"])
     return {"built": built, "build_s": round(build_s, 2), "capture_s": round(captured_s, 2), "refused": refused}
-
-
-def markdown(report: dict) -> str:
-    lines = [f"# traffic: {report['conversations']} conversations, {report['chunks']} chunks",
-             "", f"`{report['command']}`" if report["command"] else "",
-             f"{report['model']}, rules {report['rules']}, {report['dtype']}, {report['n_timesteps']} steps, "
-             f"{report['device']} ({report['gpu'] or 'CPU'}), torch {report['torch']}, {report['date']}", "",
-             f"**exact: {report['exact']}**; program share {report['program_share']}, replayed share "
-             f"{report['replayed_share']}; time to first audio p50 {report['ttfa_ms_p50']} ms (stock "
-             f"{report['stock_ttfa_ms_p50']} ms); chunk p50/p99 {report['chunk_ms_p50']}/{report['chunk_ms_p99']} ms "
-             f"(stock {report['stock_chunk_ms_p50']}/{report['stock_chunk_ms_p99']}); peak {report['peak_mib']} MiB",
-             "", f"fallbacks: {report['fallbacks'] or 'none'}", "",
-             f"off-catalog chunks: {report['off_catalog']}; specializations built {report['specializations']['built']} "
-             f"in {report['specializations']['build_s']} s, captured in {report['specializations']['capture_s']} s",
-             "", f"background builds: {report['background']} (share of the host while chunks run: "
-             f"{report['build_share']}); idle time between chunks: {report['idle']}"
-             + (f" ({report['idle_s']} s in all, {report['captured_idle']} entries captured there)"
-                if report["idle"] else ""),
-             "", (f"paced (voices {report['stagger_s']} s apart, chunks at the audio rate; warm-up voices "
-                  f"{report['warm_up_tokens']} tokens, {report['warm_up_s']} s, before the clock): latency from arrival "
-                  f"p50/p99 {report['latency_ms_p50']}/{report['latency_ms_p99']} ms (a turn's first chunk "
-                  f"{report['turn_start_latency_ms_p50']}/{report['turn_start_latency_ms_p99']} ms); "
-                  f"{report['stalls']} stalls, {report['stall_ms']} ms in all; stock checked after the timed run, "
-                  f"state at every turn's end" if report.get("pace") else
-                  "back to back, each chunk against stock in lockstep (waveform, PCM and state)"),
-             "",
-             "| conv | prompt | turns | chunks | exact | program | replayed | TTFA ms (stock) | p50/p99 ms |",
-             "|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
-    for p in report["per_conversation"]:
-        lines.append(f"| {p['conversation']} | {p['prompt_tokens']} | {p['turns']} | {p['chunks']} | {p['exact']} | "
-                     f"{p['program_share']} | {p['replayed_share']} | {p['ttfa_ms']} ({p['stock_ttfa_ms']}) | "
-                     f"{p['chunk_ms_p50']}/{p['chunk_ms_p99']} |")
-    return "\n".join(lines) + "\n"
-
-
-def plot(report: dict, path: str) -> str | None:
-    """Per chunk: optimized and stock milliseconds, coloured by route; None without matplotlib."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    rows = report["per_chunk"]
-    colour = {"replay": "tab:green", "graph": "tab:blue", "fallback": "tab:red"}
-    fig, ax = plt.subplots(figsize=(10, 4))
-    xs = range(len(rows))
-    ax.bar(xs, [r["ms"] for r in rows], color=[colour.get(r["route"].split(" ")[0].rstrip(":"), "grey") for r in rows])
-    ax.plot(xs, [r["stock_ms"] for r in rows], "k.", markersize=3, label="stock")
-    ax.set(yscale="log", xlabel="chunk (interleaved conversations)", ylabel="ms")
-    ax.set_title(f"traffic: exact={report['exact']}, replayed {report['replayed_share']}, "
-                 f"program {report['program_share']} (green replay, blue graph, red eager)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
 
 
 def _emit(args, report: dict) -> None:

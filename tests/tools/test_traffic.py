@@ -57,6 +57,10 @@ def test_traffic_is_exact_and_every_chunk_runs_the_program(small, capsys, tmp_pa
     default): one symbolic trace for every window length and one for every flush length
     (the chunk length is symbolic), specialized per voice and length, reused in later
     turns; every chunk of both conversations runs the traced program."""
+    def chunk_keys():  # the symbolic steps whose chunk length is symbolic (a shared model: other tests' too)
+        return {k[:-1] for k, _ in small.opt.programs.items()
+                if any(not isinstance(size, int) for _, shape, _ in k[2] for size in shape)}
+    before = chunk_keys()
     code = cli.main(["traffic", "--model", SMALL, "--n-timesteps", "2", "--conversations", "2", "--turns", "2",
                      "--prompt-range", "5,6", "--steady-range", "2,3", "--window-range", "8,10", "--flush-range",
                      "3,5", "--idle", "--json", "--quiet", "--out", str(tmp_path)])
@@ -80,10 +84,30 @@ def test_traffic_is_exact_and_every_chunk_runs_the_program(small, capsys, tmp_pa
     # one program per voice and end-of-turn shape; its symbolic steps: one per flag, any length
     shapes = {(r["conversation"], r["tokens"], r["last"]) for r in ends}
     assert report["specializations"]["built"] == len(shapes) and report["specializations"]["refused"] == {}
-    chunk_keys = {k[:-1] for k, _ in small.opt.programs.items()
-                  if any(not isinstance(size, int) for _, shape, _ in k[2] for size in shape)}
-    assert len(chunk_keys) == 2, chunk_keys  # the window's and the flush's
+    keys = chunk_keys()
+    assert len(keys) <= len(before) + 2 and {k for k in keys if k[0] == 2} >= keys - before, keys
+    assert len({k for k in keys if k[0] == 2}) == 2, keys  # at the steady entry: the window's and the flush's
     assert (tmp_path / "traffic.md").read_text().startswith("# traffic: 2 conversations")
+
+
+def test_traffic_on_capacity_graphs_is_exact_and_restores_the_models_setting(small, capsys):
+    """``--capacity``: both voices (14 and 16 prompt frames: lengths no other test here has
+    compiled, whose executables the kept model would hold) run the graphs of one capacity
+    (20 frames), windows and flushes on its shared graphs; exact, every chunk the program's;
+    the kept model's own setting comes back after."""
+    code = cli.main(["traffic", "--model", SMALL, "--n-timesteps", "2", "--conversations", "2", "--turns", "2",
+                     "--prompt-range", "7,8", "--steady-range", "2,3", "--window-range", "8,10", "--flush-range",
+                     "3,5", "--capacity", "20", "--json", "--quiet"])
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == 0 and report["exact"] is True and report["program_share"] == 1.0, (
+        report["fallbacks"], report["per_conversation"])
+    assert report["capacity"] == [20] and report["fallbacks"] == {}
+    stats = small.opt.capacity_stats()
+    assert small.opt.capacity is None and stats["refused"] == {}, stats  # restored; no voice refused
+    shared = stats["built"]["20 mel frames"]
+    assert shared["held"] and shared["refused"] == {}, shared  # the windows' and flushes' shapes, for both voices
+    with pytest.raises(SystemExit):
+        cli.main(["traffic", "--model", SMALL, "--capacity", "2x0"])
 
 
 def test_the_warm_up_voices_are_two_adjacent_free_lengths_never_both_of_token2wavs_rare_class():

@@ -154,6 +154,11 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
         self.capacity_refused[prompt_frames] = "; ".join(whys) or f"past the largest capacity {max(self.capacity)}"
         return None
 
+    def set_capacity(self, capacity: "int | tuple[int, ...] | None") -> None:
+        """From now on, a new voice runs on these capacities (see the class doc; ``None``: each
+        prompt length its own executable).  Executables held, and capacities built, stay."""
+        self.capacity = check_capacity(capacity, self.rules)
+
     def capacity_stats(self) -> dict:
         """Per capacity: its shared off-catalog graphs (``CapacityExecutable.stats``) or why it
         has none; and the prompt lengths no capacity served, with why."""

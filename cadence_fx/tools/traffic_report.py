@@ -1,0 +1,61 @@
+"""``cadence-fx traffic``'s report as Markdown and a plot (``tools.traffic`` makes the report)."""
+
+from __future__ import annotations
+
+
+def markdown(report: dict) -> str:
+    lines = [f"# traffic: {report['conversations']} conversations, {report['chunks']} chunks",
+             "", f"`{report['command']}`" if report["command"] else "",
+             f"{report['model']}, rules {report['rules']}, {report['dtype']}, {report['n_timesteps']} steps, "
+             f"{report['device']} ({report['gpu'] or 'CPU'}), torch {report['torch']}, {report['date']}", "",
+             f"**exact: {report['exact']}**; program share {report['program_share']}, replayed share "
+             f"{report['replayed_share']}; time to first audio p50 {report['ttfa_ms_p50']} ms (stock "
+             f"{report['stock_ttfa_ms_p50']} ms); chunk p50/p99 {report['chunk_ms_p50']}/{report['chunk_ms_p99']} ms "
+             f"(stock {report['stock_chunk_ms_p50']}/{report['stock_chunk_ms_p99']}); peak {report['peak_mib']} MiB",
+             "", f"fallbacks: {report['fallbacks'] or 'none'}", "",
+             f"off-catalog chunks: {report['off_catalog']}; capacity {report.get('capacity') or 'none'} (prompt "
+             f"frames on one set of graphs); specializations built {report['specializations']['built']} "
+             f"in {report['specializations']['build_s']} s, captured in {report['specializations']['capture_s']} s",
+             "", f"background builds: {report['background']} (share of the host while chunks run: "
+             f"{report['build_share']}); idle time between chunks: {report['idle']}"
+             + (f" ({report['idle_s']} s in all, {report['captured_idle']} entries captured there)"
+                if report["idle"] else ""),
+             "", (f"paced (voices {report['stagger_s']} s apart, chunks at the audio rate; warm-up voices "
+                  f"{report['warm_up_tokens']} tokens, {report['warm_up_s']} s, before the clock): latency from arrival "
+                  f"p50/p99 {report['latency_ms_p50']}/{report['latency_ms_p99']} ms (a turn's first chunk "
+                  f"{report['turn_start_latency_ms_p50']}/{report['turn_start_latency_ms_p99']} ms); "
+                  f"{report['stalls']} stalls, {report['stall_ms']} ms in all; stock checked after the timed run, "
+                  f"state at every turn's end" if report.get("pace") else
+                  "back to back, each chunk against stock in lockstep (waveform, PCM and state)"),
+             "",
+             "| conv | prompt | turns | chunks | exact | program | replayed | TTFA ms (stock) | p50/p99 ms |",
+             "|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
+    for p in report["per_conversation"]:
+        lines.append(f"| {p['conversation']} | {p['prompt_tokens']} | {p['turns']} | {p['chunks']} | {p['exact']} | "
+                     f"{p['program_share']} | {p['replayed_share']} | {p['ttfa_ms']} ({p['stock_ttfa_ms']}) | "
+                     f"{p['chunk_ms_p50']}/{p['chunk_ms_p99']} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict, path: str) -> str | None:
+    """Per chunk: optimized and stock milliseconds, coloured by route; None without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    rows = report["per_chunk"]
+    colour = {"replay": "tab:green", "graph": "tab:blue", "fallback": "tab:red"}
+    fig, ax = plt.subplots(figsize=(10, 4))
+    xs = range(len(rows))
+    ax.bar(xs, [r["ms"] for r in rows], color=[colour.get(r["route"].split(" ")[0].rstrip(":"), "grey") for r in rows])
+    ax.plot(xs, [r["stock_ms"] for r in rows], "k.", markersize=3, label="stock")
+    ax.set(yscale="log", xlabel="chunk (interleaved conversations)", ylabel="ms")
+    ax.set_title(f"traffic: exact={report['exact']}, replayed {report['replayed_share']}, "
+                 f"program {report['program_share']} (green replay, blue graph, red eager)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
