@@ -90,16 +90,23 @@ def arguments(gm: fx.GraphModule, tensors: Mapping[str, torch.Tensor],
 def attention_probe(sym: SymbolicStep, capacity: Mapping[str, int], values: Mapping[str, "list[int]"], device,
                     seed: int = 0):
     """A ``masked_attention`` probe for ``plan_capacity``: each distinct attention call over
-    padded keys is run on ``device`` (``capacity_ops.probe_masked_attention``) at its shapes
-    at the capacity and at every live key count the dims' ``values`` give it (value ``i``
-    of each dim together)."""
+    padded keys is run on ``device`` (``capacity_ops.probe_masked_attention``) as the capacity
+    form runs it (query, keys and values laid out as at the capacity, the call's ``scale``)
+    against the step's own call at every value the dims' ``values`` give (value ``i`` of each
+    dim together: its live keys, and every operand laid out as at that value)."""
     at_cap = _binding(sym, capacity)
 
-    def probe(q: SymTensor, k: SymTensor, v: SymTensor, live) -> bool:
-        lengths = sorted({_value(live, _binding(sym, dict(zip(values, vs))), "a size")
-                          for vs in zip(*values.values())})
-        shape = lambda t: [_value(x, at_cap, "a size") for x in t.shape]  # noqa: E731
-        return probe_masked_attention(shape(q), shape(k), shape(v), k.dtype, device, lengths, seed)
+    def layout(t: SymTensor, binding) -> tuple:
+        return tuple(tuple(_value(x, binding, "a size") for x in xs) for xs in (t.shape, t.stride)) + (
+            _value(t.offset, binding, "an offset"),)
+
+    def probe(q: SymTensor, k: SymTensor, v: SymTensor, live, scale=None) -> bool:
+        cases = []
+        for vs in zip(*values.values()):
+            here = _binding(sym, dict(zip(values, vs)))
+            cases.append((_value(live, here, "a size"), layout(q, here), layout(k, here), layout(v, here)))
+        return probe_masked_attention(layout(q, at_cap), layout(k, at_cap), layout(v, at_cap), k.dtype, device,
+                                      sorted(set(cases)), seed, scale)
     return probe
 
 

@@ -218,23 +218,34 @@ def _(x, shape):
     return x.new_empty(shape)
 
 
-def probe_masked_attention(q_shape: Sequence[int], k_shape: Sequence[int], v_shape: Sequence[int],
-                           dtype: torch.dtype, device, lengths: Sequence[int], seed: int = 0) -> bool:
-    """Whether ``masked_attention`` over keys padded to ``k_shape`` (NaN past the live ones)
-    gives the bits of the exact call on the live keys alone (contiguous, as a ``cat`` leaves
-    them), at each of ``lengths``, on this device and dtype, under the caller's settings
-    (deterministic algorithms: the protocol exactness is defined under)."""
+def probe_masked_attention(q: Sequence, k: Sequence, v: Sequence, dtype: torch.dtype, device,
+                           cases: Sequence, seed: int = 0, scale: "float | None" = None) -> bool:
+    """Whether ``masked_attention`` over padded keys gives the bits of the step's own call,
+    on this device and dtype, under the caller's settings (deterministic algorithms: the
+    protocol exactness is defined under).  ``q``, ``k``, ``v``: each operand's layout
+    ``(shape, stride, offset)`` as the capacity form holds it (keys and values padded on
+    dim -2, NaN past the live ones); ``cases``: ``(live, q, k, v)`` per length to check, the
+    live key count and each operand's layout in the step's own call there.  One set of
+    values (``seed``) is laid out each way."""
     g = torch.Generator().manual_seed(seed)
-    q, k, v = ((torch.randn(tuple(s), generator=g) * 0.5).to(device=device, dtype=dtype)
-               for s in (q_shape, k_shape, v_shape))
+
+    def laid_out(values: torch.Tensor, layout) -> torch.Tensor:
+        shape, stride, offset = layout
+        extent = offset + sum((n - 1) * st for n, st in zip(shape, stride) if n) + 1 if all(shape) else offset
+        t = torch.full((extent,), float("nan"), dtype=dtype, device=device).as_strided(shape, stride, offset)
+        t.copy_(values[tuple(slice(0, n) for n in shape)])
+        return t
+    q0, k0, v0 = ((torch.randn(tuple(t[0]), generator=g) * 0.5).to(device=device, dtype=dtype) for t in (q, k, v))
     sdpa = torch.nn.functional.scaled_dot_product_attention
     with torch.no_grad():
-        for n in lengths:
-            kp, vp = k.clone(), v.clone()
+        for n, q_s, k_s, v_s in cases:
+            kp, vp = k0.clone(), v0.clone()
             kp[..., n:, :] = float("nan")
             vp[..., n:, :] = float("nan")
-            want = sdpa(q, k[..., :n, :].contiguous(), v[..., :n, :].contiguous())
-            if not torch.equal(want, masked_attention(q, kp, vp, torch.tensor(n, device=device))):
+            want = sdpa(laid_out(q0, q_s), laid_out(k0, k_s), laid_out(v0, v_s), scale=scale)
+            got = masked_attention(laid_out(q0, q), laid_out(kp, k), laid_out(vp, v), torch.tensor(n, device=device),
+                                   scale)
+            if not torch.equal(want, got):
                 return False
     return True
 

@@ -348,10 +348,12 @@ class _Walk:
         kd = len(k.shape) - 2
         if set(_padded(k)) != {kd} or _padded(k) != _padded(v) or any(x not in (None, 0, 0.0, False) for x in extra):
             return "exact: masked or causal attention"
-        if callable(self.masked):  # the caller's probe, asked once per shape and live size
-            key = (q.shape, k.shape, v.shape, q.dtype, str(_padded(k)[kd]))
+        if callable(self.masked):  # the caller's probe, asked once per layout, live size and scale
+            scale = node.kwargs.get("scale")
+            key = tuple((str(t.shape), str(t.stride), str(t.offset)) for t in (q, k, v)) + (
+                q.dtype, str(_padded(k)[kd]), scale)
             if key not in self.probed:
-                self.probed[key] = bool(self.masked(q, k, v, _padded(k)[kd]))
+                self.probed[key] = bool(self.masked(q, k, v, _padded(k)[kd], scale))
             return "masked attention" if self.probed[key] else "exact: attention (the masked call differs here)"
         return "masked attention" if self.masked else "exact: attention (not found exact padded here)"
 
@@ -360,8 +362,9 @@ def plan_capacity(sym: SymbolicStep, capacity: Mapping[str, int], masked_attenti
     """The plan for ``sym`` held at ``capacity`` (dim -> its largest value).
     ``masked_attention``: whether attention over padded keys runs masked at the capacity
     (only where the caller checked it bit-equal to the exact call on its device and
-    dtype), or ``probe(q, k, v, live) -> bool`` asked once per distinct call (its query,
-    key and value values, ``SymTensor``s, and the keys' live size, an expression over the symbols):
+    dtype), or ``probe(q, k, v, live, scale) -> bool`` asked once per distinct call (its query,
+    key and value values, ``SymTensor``s, the keys' live size, an expression over the symbols,
+    and the call's ``scale``; distinct: in any operand's layout, the live size or the scale):
     ``capacity_ops.probe_masked_attention`` runs that check on the device."""
     return _plan(sym, capacity, masked_attention)[0]
 

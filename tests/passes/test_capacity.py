@@ -241,7 +241,7 @@ def forward(self, in_x, in_len_prompt, state_cache, buf_buf):
         sym = attention_step()
         asked = []
 
-        def probe(q, k, v, live):
+        def probe(q, k, v, live, scale=None):
             asked.append((tuple(q.shape), str(live)))
             return False
         _, plan = cap.capacity_form(sym, {"prompt": 32}, masked_attention=probe)
@@ -255,6 +255,41 @@ def forward(self, in_x, in_len_prompt, state_cache, buf_buf):
         self.assertIn(how, ("masked attention", "attention (the masked call differs here)"))
         for prompt in (2, 5, 17, 32):
             assert_exact(sym, gm, plan, "prompt", prompt, float("nan"), seed=prompt)
+
+
+    def test_the_probe_is_asked_per_layout_and_scale_and_runs_the_call_as_each_side_lays_it_out(self):
+        """Two attention calls of one shape, one with its own ``scale``, one over keys laid out
+        transposed: the probe is asked for each (a verdict for one says nothing of the
+        other), with the call's scale; ``probe_masked_attention`` runs both sides with it
+        and with each operand laid out as given (at the full length, no padding, the CPU's
+        masked call equals the plain one: the check that fails if either side drops them)."""
+        def bind(buffers, dims=None):
+            def step(inputs, state):
+                k = torch.cat([state["k"], inputs["kv"]], dim=2)
+                a = F.scaled_dot_product_attention(inputs["q"], k, k)
+                b = F.scaled_dot_product_attention(inputs["q"], k, k, scale=0.3)
+                kt = k.transpose(2, 3).contiguous().transpose(2, 3)  # the keys laid out channel-major
+                c = F.scaled_dot_product_attention(inputs["q"], kt, kt)
+                return {"y": a + b + c}, {"k": k}
+            return step
+        kv = ((1, 2, ("prompt", 1, 1), 4), F32)
+        sym = trace_symbolic(bind, StepSignature(inputs=("q", "kv"), regions=("k",), outputs=("y",)), {"prompt": 6},
+                             {"q": ((1, 2, 3, 4), F32), "kv": ((1, 2, 1, 4), F32)}, {"k": kv}, {}, CPU)
+        asked = []
+
+        def probe(q, k, v, live, scale=None):
+            asked.append((tuple(str(x) for x in k.stride), scale))
+            return False
+        cap.plan_capacity(sym, {"prompt": 32}, masked_attention=probe)
+        self.assertEqual(len(asked), 3, asked)
+        self.assertEqual(sorted(scale for _, scale in asked if scale is not None), [0.3])
+        self.assertEqual(len({stride for stride, _ in asked}), 2, asked)  # the transposed keys' own
+        from cadence_fx.passes.capacity_ops import probe_masked_attention
+        q, k = ((1, 2, 3, 4), (24, 12, 4, 1), 0), ((1, 2, 8, 4), (64, 32, 4, 1), 0)
+        kt = ((1, 2, 8, 4), (64, 32, 1, 8), 0)
+        for scale in (None, 0.3):
+            self.assertTrue(probe_masked_attention(q, k, k, F32, CPU, [(8, q, k, k)], scale=scale))
+            self.assertTrue(probe_masked_attention(q, kt, kt, F32, CPU, [(8, q, kt, kt)], scale=scale))
 
 
 # ---------------------------------------------------------------- what an adversarial review found (session thirty-eight)
