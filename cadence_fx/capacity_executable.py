@@ -42,7 +42,7 @@ from .foreground import forked_rng
 from .passes import aliasing, capacity_ops
 from .compiler import (_variant_builder, build_plan, extents_in_slots, own_bytes, region_bindings, region_buffers,
                        rewrite_pipeline, traced_extents, variant_entry)
-from .passes.capacity import at_dims, capacity_form, check_dims
+from .passes.capacity import at_dims, attention_probe, capacity_form, check_dims
 from .passes.capacity_plan import CapacityPlan
 from .passes.specialize import _value, bind_dims
 from .passes.trace_symbolic import SymbolicStep, SymTensor
@@ -122,7 +122,12 @@ def capacity_executable(adapter, steps: "Mapping[int, SymbolicStep] | None" = No
     ``programs``: the model's ``ProgramStore``, where an off-catalog chunk's symbolic step
     is looked up or kept once traced (None: off-catalog chunks at a catalog entry's state
     run eagerly); ``say``: progress lines; ``max_shared``: off-catalog shapes' graphs held.
+    ``masked_attention``: ``capacity_form``'s (False: attention over padded keys runs exact),
+    or ``"probe"``: each call masked only where the device finds it bit-equal to the step's
+    own call at every length up to the capacity (``attention_for``).
     ``SpecializationRefused`` where a step does not serve the capacity itself."""
+    if masked_attention not in (False, True, "probe") and not callable(masked_attention):
+        raise CadenceError(f"masked_attention={masked_attention!r}: False, True, 'probe' or a probe")
     if isinstance(max_shared, bool) or not isinstance(max_shared, int) or max_shared < 0:
         raise CadenceError(f"max_shared={max_shared!r} must be an int >= 0")
     if steps is None and programs is None:
@@ -137,7 +142,7 @@ def capacity_executable(adapter, steps: "Mapping[int, SymbolicStep] | None" = No
 
     def use(sym: SymbolicStep, at=None):
         serves(sym, dims)
-        gm, cplan = capacity_form(sym, dims, masked_attention, buffers=by_region,
+        gm, cplan = capacity_form(sym, dims, attention_for(sym, dims, masked_attention, device), buffers=by_region,
                                   keep_values=True)  # what the passes read of each node
         check_dims(cplan, sym, dims)  # the capacity itself meets the step's guards
         return sym, gm, cplan
@@ -285,7 +290,8 @@ def _build_shared(cexe: CapacityExecutable, key: VariantKey, inputs: Mapping[str
         chunk = {d: v for d, v in at.items() if d not in cexe.dims}  # the chunk's own lengths: bound
         bound = bind_dims(sym, chunk) if chunk else sym
         serves(bound, cexe.dims)
-        gm, cplan = capacity_form(bound, cexe.dims, cexe.masked_attention, buffers=cexe.by_region, keep_values=True)
+        gm, cplan = capacity_form(bound, cexe.dims, attention_for(bound, cexe.dims, cexe.masked_attention, cexe.device),
+                                  buffers=cexe.by_region, keep_values=True)
         check_dims(cplan, bound, cexe.dims)  # the capacity itself meets this step's guards
         return gm, cplan, bound
     got = symbolic_entry(adapter, lambda d: build_plan(adapter, d), cexe.plan, entry, cexe.by_region, cexe.programs,
@@ -302,6 +308,18 @@ def _build_shared(cexe: CapacityExecutable, key: VariantKey, inputs: Mapping[str
         gm, _ = rewrite_pipeline(bindings, "S", cexe.device.type)(gm)
     how = f"{setup.get('how', '?')} (variant {setup.get('variant')}, program {setup.get('program')})"
     return SharedGraph(gm, cplan, bound, own_bytes(gm, adapter), 0.0, how)
+
+
+def attention_for(sym: SymbolicStep, dims: Mapping[str, int], masked_attention, device):
+    """``capacity_form``'s ``masked_attention`` for ``sym`` at the capacity ``dims``: as given,
+    or for ``"probe"`` the device's probe (``capacity.attention_probe``) over every length
+    1..capacity of a one-dim step (a step of several dims: exact attention)."""
+    if masked_attention != "probe":
+        return masked_attention
+    if len(sym.dims) != 1:
+        return False
+    (d,) = sym.dims
+    return attention_probe(sym, dims, {d: list(range(1, int(dims[d]) + 1))}, device)
 
 
 def serves(sym: SymbolicStep, dims: Mapping[str, int]) -> None:

@@ -205,6 +205,8 @@ def test_the_drop_in_runs_new_voices_on_capacity_graphs_exact(t2w_mini):
     assert "does not hold" in stats["refused"][76] and "past the largest capacity" in stats["refused"][226]
     shared = stats["built"][f"{CAPACITY} mel frames"]
     assert len(shared["held"]) == 1 and shared["built"] == 1, shared  # the flush, once for both
+    (cexe,) = opt._capacities.values()  # the device's probe decided each attention call (the CPU's: exact)
+    assert {cplan.attention for _, cplan, _ in cexe.graphs.values()} == {"probed"}
 
 
 def test_capacity_options_are_checked():

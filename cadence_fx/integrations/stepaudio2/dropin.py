@@ -47,7 +47,9 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
     ``C >= s`` that serves it (``capacity_executable``: one set of graphs per capacity,
     built the first time, for every prompt length up to it; windows and flushes share
     graphs the same way): a new voice costs a set-up and a check at its length, no
-    specialization, and its arena is laid out at ``C``.  A length no capacity serves (past
+    specialization, and its arena is laid out at ``C``.  Attention over padded keys runs
+    masked where the device's probe finds each call bit-equal to the step's own at every
+    length up to ``C`` (the CPU's is not: exact there), else exact.  A length no capacity serves (past
     the largest, or in another branch class of the model's code) is built for its own
     length as without ``capacity``; ``capacity_stats()`` says which and why.
     """
@@ -134,7 +136,7 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
                     if self.progress:
                         self.progress(f"building the graphs of every prompt length up to {cap} mel frames")
                     try:
-                        cexe = capacity_executable(self.adapter_for(cap, spk), None, programs=self.programs,
+                        cexe = capacity_executable(self.adapter_for(cap, spk), None, "probe", programs=self.programs,
                                                    say=self.progress)
                     except (SpecializationRefused, PassError) as e:
                         cexe = f"{type(e).__name__}: {e}"
