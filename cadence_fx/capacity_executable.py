@@ -310,6 +310,39 @@ def _build_shared(cexe: CapacityExecutable, key: VariantKey, inputs: Mapping[str
     return SharedGraph(gm, cplan, bound, own_bytes(gm, adapter), 0.0, how)
 
 
+def class_capacity(adapter, programs, upto: int, say: Callable[[str], None] | None = None) -> tuple:
+    """For a stream of ``adapter`` (at its length ``s`` of its one symbolic dim) that a
+    capacity's graphs refuse for another branch class of the model's code: ``(c, steps)``,
+    each catalog entry's symbolic step of ``s``'s class (looked up in ``programs``, or traced
+    at ``s``) and ``c``, the largest length in ``s..upto`` at which every one of them holds:
+    ``capacity_executable(adapter at c, steps)`` then serves ``s`` and every length of its
+    class up to ``c``.  ``SpecializationRefused`` where no symbolic step serves ``s``."""
+    (d,) = adapter.symbolic_dims()
+    s = int(adapter.dims()[d])
+    plan = build_plan(adapter)
+    by_region = region_buffers(adapter.declaration, Arena(plan.layout, torch.device(adapter.device)))
+    steps = {}
+    for entry in plan.catalog:
+        setup: dict = {}
+
+        def use(sym: SymbolicStep, at: dict) -> SymbolicStep:
+            serves(sym, {d: s})
+            return sym
+        sym = symbolic_entry(adapter, lambda x: build_plan(adapter, x), plan, entry, by_region, programs, setup,
+                             say or (lambda msg: None), use)
+        if sym is None:
+            raise SpecializationRefused(f"no symbolic step of entry {entry.index} serves {d}={s}: {setup.get('reason')}")
+        steps[entry.index] = sym
+    for c in range(int(upto), s - 1, -1):
+        try:
+            for sym in steps.values():
+                serves(sym, {d: c})
+        except SpecializationRefused:
+            continue
+        return c, steps
+    return s, steps  # (s itself: its steps' guards hold there)
+
+
 def attention_for(sym: SymbolicStep, dims: Mapping[str, int], masked_attention, device):
     """``capacity_form``'s ``masked_attention`` for ``sym`` at the capacity ``dims``: as given,
     or for ``"probe"`` the device's probe (``capacity.attention_probe``) over every length
@@ -384,4 +417,5 @@ def hazards_at(gm: fx.GraphModule, slots: Mapping[str, tuple], device, inputs: l
 
 
 __all__ = ["AtDims", "CapacityExecutable", "CapacityPlan", "SharedGraph", "at_length", "capacity_executable",
+           "class_capacity",
            "extents_at", "hazards_at", "shared_variant"]

@@ -49,7 +49,9 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
     graphs the same way): a new voice costs a set-up and a check at its length, no
     specialization, and its arena is laid out at ``C``.  Attention over padded keys runs
     masked where the device's probe finds each call bit-equal to the step's own at every
-    length up to ``C`` (the CPU's is not: exact there), else exact.  A length no capacity serves (past
+    length up to ``C`` (the CPU's is not: exact there), else exact.  A length in another
+    branch class (Token2Wav: one token length in 25) runs on a capacity of its own class, the
+    largest length up to ``C`` in it (``class_capacity``: the class's graphs, built once).  A length no capacity serves (past
     the largest, or in another branch class of the model's code) is built for its own
     length as without ``capacity``; ``capacity_stats()`` says which and why.
     """
@@ -120,7 +122,7 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
     def _at_capacity(self, prompt_frames: int, spk: torch.Tensor, adapter: Token2WavAdapter):
         """The executable of a stream of ``prompt_frames`` on the smallest capacity that
         serves it (held by length as any executable), or None (why: ``capacity_refused``)."""
-        from ...capacity_executable import at_length, capacity_executable
+        from ...capacity_executable import at_length
         key = self._key(prompt_frames, spk)
         with self._exe_lock:
             exe = self._executables.get(key)
@@ -129,18 +131,7 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
                 return exe
         whys = []
         for cap in (c for c in self.capacity if c >= prompt_frames):
-            ckey = (cap,) + key[1:]
-            with self._capacity_lock:
-                cexe = self._capacities.get(ckey)
-                if cexe is None:
-                    if self.progress:
-                        self.progress(f"building the graphs of every prompt length up to {cap} mel frames")
-                    try:
-                        cexe = capacity_executable(self.adapter_for(cap, spk), None, "probe", programs=self.programs,
-                                                   say=self.progress)
-                    except (SpecializationRefused, PassError) as e:
-                        cexe = f"{type(e).__name__}: {e}"
-                    self._capacities[ckey] = cexe
+            cexe = self._capacity(cap, spk, None)
             if isinstance(cexe, str):
                 whys.append(f"capacity {cap}: {cexe}")
                 continue
@@ -148,13 +139,48 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
                 exe = at_length(cexe, adapter, True, *self.off_catalog)
             except (SpecializationRefused, PassError) as e:
                 whys.append(f"capacity {cap}: {type(e).__name__}: {e}")
-                continue
+                exe = self._in_class(cap, spk, adapter, whys) if "guard" in str(e) else None
+                if exe is None:
+                    continue
             with self._exe_lock:
                 self._keep(key, exe)
             self.capacity_refused.pop(prompt_frames, None)
             return exe
         self.capacity_refused[prompt_frames] = "; ".join(whys) or f"past the largest capacity {max(self.capacity)}"
         return None
+
+    def _capacity(self, cap: int, spk: torch.Tensor, steps):
+        """The capacity executable at ``cap`` frames (built now if none is held: from ``steps``,
+        or the steps serving ``cap``), or why none can be."""
+        from ...capacity_executable import capacity_executable
+        ckey = (cap,) + self._key(cap, spk)[1:]
+        with self._capacity_lock:
+            cexe = self._capacities.get(ckey)
+            if cexe is None:
+                if self.progress:
+                    self.progress(f"building the graphs of every prompt length up to {cap} mel frames")
+                try:
+                    cexe = capacity_executable(self.adapter_for(cap, spk), steps, "probe", programs=self.programs,
+                                               say=self.progress)
+                except (SpecializationRefused, PassError) as e:
+                    cexe = f"{type(e).__name__}: {e}"
+                self._capacities[ckey] = cexe
+        return cexe
+
+    def _in_class(self, cap: int, spk: torch.Tensor, adapter: Token2WavAdapter, whys: list):
+        """A stream that capacity ``cap``'s graphs refuse for another branch class: the
+        executable on the capacity of its own class below ``cap`` (``class_capacity``), or None."""
+        from ...capacity_executable import at_length, class_capacity
+        try:
+            c, steps = class_capacity(adapter, self.programs, cap, self.progress)
+            cexe = self._capacity(c, spk, steps)
+            if isinstance(cexe, str):
+                whys.append(f"capacity {c} (its class): {cexe}")
+                return None
+            return at_length(cexe, adapter, True, *self.off_catalog)
+        except (SpecializationRefused, PassError) as e:
+            whys.append(f"its class below {cap}: {type(e).__name__}: {e}")
+            return None
 
     def set_capacity(self, capacity: "int | tuple[int, ...] | None") -> None:
         """From now on, a new voice runs on these capacities (see the class doc; ``None``: each
