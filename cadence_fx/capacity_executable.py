@@ -19,7 +19,7 @@ for that input shape and those flags (traced once, the chunk's length symbolic t
 its prompt held at the capacity, then the rule-S passes; built the first time any stream
 sends that shape, held by the capacity executable (``max_shared`` of them, least recently
 used out first) and served to each stream as its executable's ``Variants``.  A stream
-needs only the checks at its own length (``check_dims``, the hazard run) for each.  A
+needs only the checks at its own length (``check_dims``, the hazard check) for each.  A
 chunk whose state is off the catalog (after a window sent during the warm-up) gets a
 program traced at its exact shapes for that stream alone, as ``compile_executable``'s
 variants do.  Rules R (capture) and the program cache come next.
@@ -37,7 +37,7 @@ import torch
 import torch.fx as fx
 
 from . import step as meta
-from .errors import CadenceError, PassError, SpecializationRefused, TraceError
+from .errors import CadenceError, NeedsForeground, PassError, SpecializationRefused, TraceError
 from .foreground import forked_rng
 from .passes import aliasing, capacity_ops
 from .compiler import (_variant_builder, build_plan, extents_in_slots, own_bytes, region_bindings, region_buffers,
@@ -49,7 +49,7 @@ from .passes.trace_symbolic import SymbolicStep, SymTensor
 from .programs.entry import symbolic_entry
 from .runtime.arena import Arena, copy_strided
 from .runtime.session import EntryProgram, Executable
-from .runtime.variants import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, VariantKey, VariantRefused, Variants
+from .runtime.variants import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, VariantBusy, VariantKey, VariantRefused, Variants
 from .step import Rules
 
 #: off-catalog shapes' graphs a capacity executable holds (least recently used out first)
@@ -171,11 +171,11 @@ def at_length(cexe: CapacityExecutable, adapter, check_hazards: bool = True, off
               max_specialization_bytes: int = DEFAULT_MAX_BYTES) -> Executable:
     """``cexe`` for streams of ``adapter`` (the same model at another length of its symbolic
     dims); ``SpecializationRefused`` where a graph does not serve that length.  With
-    ``check_hazards`` each entry runs once on a scratch arena at this length and every read
-    of old state after a write to the same bytes is refused (``PassError``): the rule-S
-    passes proved it at the capacity only, and where a read and a write fall moves with
-    the length (one eager run per entry and length, as a per-length build's check costs;
-    an off-catalog shape's the first time this executable runs it).
+    ``check_hazards`` every read of old state after a write to the same bytes at this length
+    is refused (``PassError``; an off-catalog shape's the first time this executable runs
+    it): the rule-S passes proved it at the capacity only, and where a read and a write fall
+    moves with the length (``hazards_at``: a walk of the region views at this length's host
+    sizes, a run of the entry where the walk cannot follow).
 
     ``off_catalog``, ``max_specializations``, ``max_specialization_bytes``: the executable's
     ``Variants`` (``compile_executable``'s): under ``"specialize"`` (the default here: a
@@ -248,13 +248,24 @@ def _label(shape: tuple) -> str:
 def shared_variant(cexe: CapacityExecutable, key: VariantKey, inputs: Mapping[str, torch.Tensor]) -> SharedGraph:
     """The capacity graph of ``key``'s shape (an off-catalog chunk at catalog entry
     ``key.entry``'s state), built now if none is held; ``VariantRefused`` (remembered) where
-    none can be.  One build at a time: every stream waits for the one building."""
+    none can be.  One build at a time: a stream that needs a shape while another shape is
+    building gets ``VariantBusy`` (its chunk runs eagerly, nothing is remembered); a shape
+    held is never waited for.  A build that needs the foreground (``NeedsForeground``, on a
+    background build's thread) is not remembered either."""
     shape = _shape(key)
-    with cexe._building:
-        with cexe._lock:
+    with cexe._lock:
+        hit = cexe.shared.get(shape)
+        if hit is not None:
+            cexe.shared.move_to_end(shape)
+    if isinstance(hit, str):
+        raise VariantRefused(hit)
+    if hit is not None:
+        return hit
+    if not cexe._building.acquire(blocking=False):
+        raise VariantBusy(f"another stream is building a capacity graph ({_label(shape)} waits for its turn)")
+    try:
+        with cexe._lock:  # built while this one waited?
             hit = cexe.shared.get(shape)
-            if hit is not None:
-                cexe.shared.move_to_end(shape)
         if isinstance(hit, str):
             raise VariantRefused(hit)
         if hit is not None:
@@ -263,6 +274,8 @@ def shared_variant(cexe: CapacityExecutable, key: VariantKey, inputs: Mapping[st
         try:
             built = _build_shared(cexe, key, inputs)
         except (VariantRefused, SpecializationRefused, PassError, TraceError) as e:  # CapacityRefused: a TraceError
+            if _caused_by(e, NeedsForeground):
+                raise NeedsForeground(str(e)) from e
             why = f"no capacity graph for {_label(shape)}: {type(e).__name__}: {e}"
             with cexe._lock:
                 cexe.shared[shape] = why
@@ -276,6 +289,19 @@ def shared_variant(cexe: CapacityExecutable, key: VariantKey, inputs: Mapping[st
                 del cexe.shared[old]
                 cexe.evicted += 1
         return built
+    finally:
+        cexe._building.release()
+
+
+def _caused_by(e: BaseException, kind: type) -> bool:
+    """Whether ``e`` or an exception in its chain (cause or context) is a ``kind``."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, kind):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def _build_shared(cexe: CapacityExecutable, key: VariantKey, inputs: Mapping[str, torch.Tensor]) -> SharedGraph:
@@ -399,9 +425,11 @@ def _hazards(gm: fx.GraphModule, cexe: CapacityExecutable, inputs: list, dims: M
 
 def hazards_at(gm: fx.GraphModule, slots: Mapping[str, tuple], device, inputs: list, dims: Mapping[str, int],
                lengths: list) -> list:
-    """``state_rewrite``'s region hazards of a rule-S capacity graph run once at ``dims`` on
-    zeroed scratch regions (``slots``: region -> (shape, dtype)): reads of old state after a
-    write to the same bytes, as ``aliasing.region_hazards`` words them."""
+    """``state_rewrite``'s region hazards of a rule-S capacity graph at ``dims`` on scratch
+    regions (``slots``: region -> (shape, dtype)): reads of old state after a write to the
+    same bytes, as ``aliasing.region_hazards`` words them.  From the region views alone at
+    the host sizes of ``dims`` (``aliasing.record_region_accesses``: nothing of the step
+    runs); where that walk cannot follow, from running the graph once on zeroed regions."""
     regions = {n: torch.zeros(shape, dtype=dtype, device=device) for n, (shape, dtype) in slots.items()}
     with at_dims(dims):  # the host sizes the region views take: the walk needs no run of the model
         scalars = {n: n.target(*n.args) for n in gm.graph.nodes if n.op == "call_function"

@@ -44,7 +44,7 @@ from .. import step as meta
 from ..errors import PassError
 from ..foreground import forked_rng
 from ..step import Role
-from . import aliasing
+from . import aliasing, capacity_ops
 from .base import CadencePass, PassResult, returns_written, view_root, whole_slice
 
 aten = torch.ops.aten
@@ -229,15 +229,18 @@ def check_graph_hazards(gm: fx.GraphModule, bindings: Mapping[str, RegionBinding
     """Log every region read and write on scratch region memory and look for hazards.
 
     The log comes from the region views alone (``aliasing.record_region_accesses``:
-    nothing else runs); where that walk cannot follow the graph, from running it once.
+    nothing else runs; a capacity graph's host sizes evaluated at the dims its caller runs
+    it at); where that walk cannot follow the graph, from running it once.
     """
     dev = meta.traced_device(gm)
     regions = {}
     for name in meta.arena_inputs(gm):
         b = bindings[name]
         regions[name] = torch.empty(b.shape, dtype=getattr(torch, b.dtype), device=dev)
-    try:
-        return aliasing.region_hazards(aliasing.record_region_accesses(gm, regions))
+    try:  # a capacity graph's host sizes (capacity_ops.host_size, at its caller's dims): values the walk takes
+        scalars = {n: n.target(*n.args) for n in gm.graph.nodes
+                   if n.op == "call_function" and n.target is capacity_ops.host_size}
+        return aliasing.region_hazards(aliasing.record_region_accesses(gm, regions, scalars))
     except aliasing.NeedsFullRun:
         pass
     example = meta.example_inputs(gm)

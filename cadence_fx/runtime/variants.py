@@ -76,6 +76,11 @@ class VariantRefused(CadenceError):
     """No program can be built for a key (the reason is kept; its chunks run eagerly)."""
 
 
+class VariantBusy(CadenceError):
+    """No program for a key now, nor a reason to remember: what it needs is being built for
+    another stream (this chunk runs eagerly; the next chunk of the shape asks again)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class VariantKey:
     """What a specialization is exact for: plain, hashable data.
@@ -194,6 +199,8 @@ class Variants:
             t0 = time.perf_counter()
             try:
                 program, nbytes, how = self._build(key, inputs)
+            except VariantBusy as e:  # not a reason to keep: the next chunk of this shape asks again
+                return None, str(e)
             except Exception as e:  # the reason is kept; the chunk runs eagerly, exact
                 with self._lock:
                     return self._refuse(key, e)

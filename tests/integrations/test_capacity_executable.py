@@ -102,6 +102,11 @@ def test_a_read_after_a_write_that_moves_with_the_length_is_found_at_that_length
         gm, _ = rewrite_pipeline([RegionBinding("c", (1, 48), "float32", 1, 40, 40, True)], "S", "cpu")(gm)
     slots = {"c": ((1, 48), f32)}
     from cadence_fx.passes import aliasing
+    from cadence_fx.passes.state_rewrite import check_graph_hazards
+    with pytest.MonkeyPatch.context() as mp, cap.at_dims({"p": 40}):  # the passes' own check (EarlyWriteback's):
+        mp.setattr(aliasing, "record_accesses", lambda *a, **k: pytest.fail("ran the step"))  # a walk too, which
+        bindings = {"c": RegionBinding("c", (1, 48), "float32", 1, 40, 40, True)}  # a background build may take
+        assert check_graph_hazards(gm, bindings) == []
     for walk in (True, False):  # the region walk (no run of the step), and the full run it falls back to
         with pytest.MonkeyPatch.context() as mp:
             if walk:  # the walk alone must find it
@@ -128,9 +133,9 @@ def test_windows_and_flushes_share_graphs_across_voices_exact(shared):
     trim brings the state back to the catalog for the flush."""
     opt, cexe = shared
     before = cexe.stats()["built"]
-    window, flush = (_tokens(14, 5), False), (_tokens(7, 6), True)
+    window, flush, window7 = (_tokens(14, 5), False), (_tokens(7, 6), True), (_tokens(7, 8), False)
     turns = [[(_tokens(28, 2 + i), False) for i in range(3)] + [window, flush],
-             [(_tokens(28, 7 + i), False) for i in range(2)] + [window, flush],
+             [(_tokens(28, 7 + i), False) for i in range(2)] + [window7, flush],  # the flush's shape, no flag
              [(_tokens(28, 11), False), window, (_tokens(28, 12), False), flush]]
     voices = {p: stream_at(opt, cexe, p) for p in (41, 57)}
     routes = {p: [] for p in voices}
@@ -146,19 +151,20 @@ def test_windows_and_flushes_share_graphs_across_voices_exact(shared):
             session.reset()
             stock.set_stream_cache(*s2.synthetic_prompt(p, seed=p))
     w = "graph specialization entry 2 | token (1, 14), spk (1, 192)"
+    w7 = "graph specialization entry 2 | token (1, 7), spk (1, 192)"
     f = "graph specialization entry 2 | token (1, 7), spk (1, 192) | last_chunk"
     for p in voices:
         assert routes[p][:9] == ["graph entry 0", "graph entry 1", "graph entry 2", w, f,
-                                 "graph entry 0", "graph entry 1", w, f], routes[p]
+                                 "graph entry 0", "graph entry 1", w7, f], routes[p]
     stats = cexe.stats()
     assert stats["refused"] == {}, stats
-    assert {w.removeprefix("graph specialization "), f.removeprefix("graph specialization ")} <= set(stats["held"])
+    assert {r.removeprefix("graph specialization ") for r in (w, w7, f)} <= set(stats["held"])
     third = routes[41][9:]
     assert third[:2] == ["graph entry 0", "graph specialization entry 1 | token (1, 14), spk (1, 192)"], third
     assert third[2].startswith("graph specialization off-catalog") and third[3] == f, third  # its own; the trim
     held = voices[41][0].stats()["specializations"]["held"]
-    assert sum(v["how"].startswith("the capacity's shared graph") for v in held.values()) == 3, held
-    assert stats["built"] - before == 3  # the two shapes of turn 1, each once for both voices; the warm-up window's
+    assert sum(v["how"].startswith("the capacity's shared graph") for v in held.values()) == 4, held
+    assert stats["built"] - before == 4  # the turns' three shapes, each once for both voices; the warm-up window's
 
 
 def test_a_shape_no_graph_serves_runs_eagerly_with_its_reason(shared):
@@ -185,9 +191,12 @@ def test_the_drop_in_runs_new_voices_on_capacity_graphs_exact(t2w_mini):
     the other branch class of the model's code (76 frames: ``2 * (s // 2) + 49`` divides by
     25) on the graphs of that class's largest length up to the capacity (176 frames); a
     voice past the capacity is built for its own length, and ``capacity_stats`` says why.
-    Every chunk exact against the stock tail."""
+    The first voice's flush builds its shared graph in the background (``background=True``:
+    its hazard check walks the region views, it runs nothing of the step). Every chunk exact
+    against the stock tail."""
     import cadence_fx
-    opt = cadence_fx.optimize(t2w_mini.tail, capacity=(CAPACITY,), off_catalog="specialize")
+    from cadence_fx.runtime.variants import BUILDING
+    opt = cadence_fx.optimize(t2w_mini.tail, capacity=(CAPACITY,), off_catalog="specialize", background=True)
     # a 6-token flush: a 7-token one has a branch class of its own in the prompt (one length in 7,
     # 76 frames among them), which the shared graph refuses (eager, counted: docs/serving.md)
     chunks = [(_tokens(28, 2 + i), False) for i in range(3)] + [(_tokens(6, 6), True)]
@@ -200,7 +209,12 @@ def test_the_drop_in_runs_new_voices_on_capacity_graphs_exact(t2w_mini):
         report = compare_streams(t2w_mini.tail, session, mine, CPU, seed=p)
         assert report["exact"], (p, report["mismatches"])
         routes = [c["route"] for c in report["per_chunk"]]
-        assert all(r.startswith("graph") for r in routes), (p, routes)
+        if p == 41:  # background builds: the flush's shared graph builds on the worker, its chunk eager
+            assert all(r.startswith("graph") for r in routes[:3]) and BUILDING in routes[3], routes
+            assert opt.wait_for_builds(300)
+            opt.set_background(False)  # (with it on, each voice's first chunk of a shape is eager too)
+        else:
+            assert all(r.startswith("graph") for r in routes), (p, routes)
         where[p] = session.session.executable.notes.get("capacity")
         session.close()
     assert where == {41: {"prompt_frames": CAPACITY}, 57: {"prompt_frames": CAPACITY},
@@ -208,7 +222,7 @@ def test_the_drop_in_runs_new_voices_on_capacity_graphs_exact(t2w_mini):
     stats = opt.capacity_stats()
     assert set(stats["refused"]) == {226} and "past the largest capacity" in stats["refused"][226], stats
     shared = stats["built"][f"{CAPACITY} mel frames"]
-    assert len(shared["held"]) == 1 and shared["built"] == 1, shared  # the flush, once for both
+    assert len(shared["held"]) == 1 and shared["built"] == 1 and not shared["refused"], shared  # the flush, once
     assert stats["built"]["176 mel frames"]["built"] == 1  # the class's own flush graph
     for cexe in opt._capacities.values():  # the device's probe decided each attention call (the CPU's: exact)
         assert {cplan.attention for _, cplan, _ in cexe.graphs.values()} == {"probed"}
@@ -225,3 +239,66 @@ def test_capacity_options_are_checked():
     assert check_capacity((512, 256, 256), "S") == (256, 512) and check_capacity(None, "SRc") is None
     with pytest.raises(cadence_fx.RulesError, match="rules 'S' only"):
         check_capacity(256, "SRc")  # capture of capacity graphs is not built yet
+
+
+def test_the_hazard_check_runs_at_each_streams_own_length(shared, monkeypatch):
+    """``at_length`` checks each entry, and each shared off-catalog graph a stream takes, at
+    that stream's dims and device lengths, not the capacity's (where the passes proved it)."""
+    import cadence_fx.capacity_executable as ce
+    opt, cexe = shared
+    calls = []
+    real = ce.hazards_at
+
+    def spy(gm, slots, device, inputs, dims, lengths):
+        calls.append((dict(dims), [int(x) for x in lengths]))
+        return real(gm, slots, device, inputs, dims, lengths)
+    monkeypatch.setattr(ce, "hazards_at", spy)
+    session, stock = stream_at(opt, cexe, 43)  # 86 frames
+    assert calls == [({"prompt_frames": 86}, [86])] * 3, calls  # the catalog's three entries
+    chunks = [(_tokens(28, 2 + i), False) for i in range(3)] + [(_tokens(11, 4), True)]
+    report = compare_streams(stock, session, chunks, CPU, seed=43)
+    assert report["exact"] and report["per_chunk"][3]["route"].startswith("graph specialization"), report["per_chunk"]
+    assert calls[3:] == [({"prompt_frames": 86}, [86])], calls  # the flush's shared graph, at this stream
+
+
+
+def test_a_build_that_needs_the_foreground_is_not_remembered_as_refused(shared, monkeypatch):
+    """A shape's build on a background thread that needs the foreground (a trace, a full run:
+    ``NeedsForeground``, wrapped by a pass as a ``PassError``) leaves nothing behind: the
+    next stream (or the foreground) builds it; a real refusal is remembered for every stream."""
+    import collections
+    import dataclasses
+    import cadence_fx.capacity_executable as ce
+    from cadence_fx.errors import NeedsForeground, PassError
+    from cadence_fx.runtime.variants import VariantKey, VariantRefused
+    opt, cexe = shared
+    bare = dataclasses.replace(cexe, shared=collections.OrderedDict())
+    key = VariantKey(2, (), (("token", (1, 9), "int32", (9, 1)),), ())
+
+    def needs_foreground(*a):
+        try:
+            raise NeedsForeground("a full run on a build's thread")
+        except NeedsForeground as e:
+            raise PassError("EarlyWriteback failed") from e
+    monkeypatch.setattr(ce, "_build_shared", needs_foreground)
+    with pytest.raises(NeedsForeground):
+        ce.shared_variant(bare, key, {})
+    assert not bare.shared
+    monkeypatch.setattr(ce, "_build_shared", lambda *a: (_ for _ in ()).throw(PassError("a hazard")))
+    with pytest.raises(VariantRefused, match="a hazard"):
+        ce.shared_variant(bare, key, {})
+    with pytest.raises(VariantRefused, match="a hazard"):  # remembered: not built again
+        ce.shared_variant(bare, key, {})
+    assert list(bare.shared.values()) == [f"no capacity graph for {ce._label(ce._shape(key))}: PassError: a hazard"]
+    # while another shape builds: a shape held (or refused) answers at once, a new one is busy
+    from cadence_fx.runtime.variants import VariantBusy, Variants
+    other = VariantKey(2, (), (("token", (1, 10), "int32", (10, 1)),), ())
+    with bare._building:
+        with pytest.raises(VariantRefused, match="a hazard"):
+            ce.shared_variant(bare, key, {})
+        with pytest.raises(VariantBusy):
+            ce.shared_variant(bare, other, {})
+    variants = Variants(lambda k, i: ce.shared_variant(bare, k, i), "specialize")
+    with bare._building:  # the stream's chunk runs eagerly, and nothing is remembered for the shape
+        program, why = variants.get(other, {})
+    assert program is None and "another stream is building" in why and variants.stats()["refused"] == {}

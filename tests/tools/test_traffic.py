@@ -104,6 +104,7 @@ def test_traffic_on_capacity_graphs_is_exact_and_restores_the_models_setting(sma
     assert report["capacity"] == [20] and report["fallbacks"] == {}
     stats = small.opt.capacity_stats()
     assert small.opt.capacity is None and stats["refused"] == {}, stats  # restored; no voice refused
+    assert not any(exe.notes.get("capacity") for exe in small.opt._executables.values())  # let go with it
     shared = stats["built"]["20 mel frames"]
     assert shared["held"] and shared["refused"] == {}, shared  # the windows' and flushes' shapes, for both voices
     with pytest.raises(SystemExit):

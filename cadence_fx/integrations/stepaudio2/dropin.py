@@ -7,7 +7,7 @@ import threading
 import torch
 
 from ...compiler import build_plan, open_pending_session, open_session
-from ...errors import CadenceError, PassError, RulesError, SpecializationRefused
+from ...errors import CadenceError, RulesError, SpecializationRefused
 from ...programs import setup_section
 from ...runtime.binding import rebind_buffers
 from ...step import Rules
@@ -65,7 +65,7 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
                          max_specialization_bytes, max_executables, background)
         self.capacity = check_capacity(capacity, self.rules)
         self._capacities: dict = {}  # (capacity, spk shape, dtype) -> CapacityExecutable, or why none
-        self._capacity_lock = threading.Lock()  # building one (streams of other lengths go on)
+        self._capacity_lock = threading.RLock()  # building one (a capacity held is read without it)
         self.capacity_refused: dict[int, str] = {}  # prompt frames -> why no capacity serves it
         self.n_timesteps, self.float16 = tail.n_timesteps, tail.float16
         flow_paths = [p.removeprefix("flow.") for p in STOCK_BUFFERS]
@@ -121,39 +121,50 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
 
     def _at_capacity(self, prompt_frames: int, spk: torch.Tensor, adapter: Token2WavAdapter):
         """The executable of a stream of ``prompt_frames`` on the smallest capacity that
-        serves it (held by length as any executable), or None (why: ``capacity_refused``)."""
+        serves it (held by length as any executable), or None (why: ``capacity_refused``).
+        Whatever fails on the way (a capacity's build, its check at this length) is kept as
+        the reason and the stream is built for its own length: never a crash of the set-up."""
         from ...capacity_executable import at_length
+        capacities = self.capacity  # once: set_capacity may run beside this
         key = self._key(prompt_frames, spk)
         with self._exe_lock:
             exe = self._executables.get(key)
             if exe is not None:
                 self._executables.move_to_end(key)
                 return exe
+        if not capacities:
+            return None
         whys = []
-        for cap in (c for c in self.capacity if c >= prompt_frames):
+        for cap in (c for c in capacities if c >= prompt_frames):
             cexe = self._capacity(cap, spk, None)
             if isinstance(cexe, str):
                 whys.append(f"capacity {cap}: {cexe}")
                 continue
             try:
                 exe = at_length(cexe, adapter, True, *self.off_catalog)
-            except (SpecializationRefused, PassError) as e:
+            except Exception as e:  # noqa: BLE001 - kept as the reason; the length is built for itself
                 whys.append(f"capacity {cap}: {type(e).__name__}: {e}")
-                exe = self._in_class(cap, spk, adapter, whys) if "guard" in str(e) else None
+                exe = self._in_class(cap, spk, adapter, whys) if isinstance(e, SpecializationRefused) else None
                 if exe is None:
                     continue
             with self._exe_lock:
                 self._keep(key, exe)
-            self.capacity_refused.pop(prompt_frames, None)
+            with self._capacity_lock:
+                self.capacity_refused.pop(prompt_frames, None)
             return exe
-        self.capacity_refused[prompt_frames] = "; ".join(whys) or f"past the largest capacity {max(self.capacity)}"
+        with self._capacity_lock:
+            self.capacity_refused[prompt_frames] = "; ".join(whys) or f"past the largest capacity {max(capacities)}"
         return None
 
     def _capacity(self, cap: int, spk: torch.Tensor, steps):
         """The capacity executable at ``cap`` frames (built now if none is held: from ``steps``,
-        or the steps serving ``cap``), or why none can be."""
+        or the steps serving ``cap``), or why none can be.  Only a build holds the lock: a
+        capacity held is never waited for."""
         from ...capacity_executable import capacity_executable
         ckey = (cap,) + self._key(cap, spk)[1:]
+        cexe = self._capacities.get(ckey)
+        if cexe is not None:
+            return cexe
         with self._capacity_lock:
             cexe = self._capacities.get(ckey)
             if cexe is None:
@@ -162,14 +173,15 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
                 try:
                     cexe = capacity_executable(self.adapter_for(cap, spk), steps, "probe", programs=self.programs,
                                                say=self.progress)
-                except (SpecializationRefused, PassError) as e:
+                except Exception as e:  # noqa: BLE001 - kept as the capacity's reason (capacity_stats)
                     cexe = f"{type(e).__name__}: {e}"
                 self._capacities[ckey] = cexe
         return cexe
 
     def _in_class(self, cap: int, spk: torch.Tensor, adapter: Token2WavAdapter, whys: list):
-        """A stream that capacity ``cap``'s graphs refuse for another branch class: the
-        executable on the capacity of its own class below ``cap`` (``class_capacity``), or None."""
+        """A stream that capacity ``cap``'s graphs refuse (another branch class of the model's
+        code, say): the executable on the capacity of its own class below ``cap``
+        (``class_capacity``), or None."""
         from ...capacity_executable import at_length, class_capacity
         try:
             c, steps = class_capacity(adapter, self.programs, cap, self.progress)
@@ -178,22 +190,30 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
                 whys.append(f"capacity {c} (its class): {cexe}")
                 return None
             return at_length(cexe, adapter, True, *self.off_catalog)
-        except (SpecializationRefused, PassError) as e:
+        except Exception as e:  # noqa: BLE001 - kept as the reason; the length is built for itself
             whys.append(f"its class below {cap}: {type(e).__name__}: {e}")
             return None
 
     def set_capacity(self, capacity: "int | tuple[int, ...] | None") -> None:
         """From now on, a new voice runs on these capacities (see the class doc; ``None``: each
-        prompt length its own executable).  Executables held, and capacities built, stay."""
-        self.capacity = check_capacity(capacity, self.rules)
+        prompt length its own executable).  On a change, the executables held for lengths on
+        capacity graphs are let go (sessions keep theirs): a voice set up after runs as the
+        new setting says.  Capacities built stay, for a setting that names them again."""
+        new = check_capacity(capacity, self.rules)
+        if new != self.capacity:
+            with self._exe_lock:
+                for key in [k for k, exe in self._executables.items() if exe.notes.get("capacity")]:
+                    del self._executables[key]
+        self.capacity = new
 
     def capacity_stats(self) -> dict:
         """Per capacity: its shared off-catalog graphs (``CapacityExecutable.stats``) or why it
         has none; and the prompt lengths no capacity served, with why."""
+        with self._capacity_lock:
+            built, refused = dict(self._capacities), dict(self.capacity_refused)
         return {"capacity": list(self.capacity or ()),
-                "built": {f"{k[0]} mel frames": v if isinstance(v, str) else v.stats()
-                          for k, v in self._capacities.items()},
-                "refused": dict(self.capacity_refused)}
+                "built": {f"{k[0]} mel frames": v if isinstance(v, str) else v.stats() for k, v in built.items()},
+                "refused": refused}
 
     @torch.inference_mode()
     def open_session(self, prompt_tokens: torch.Tensor, prompt_mels: torch.Tensor, spk: torch.Tensor,
