@@ -31,7 +31,7 @@ def shared(t2w_mini):
     opt = t2w_mini.opt
     spk = s2.synthetic_prompt(40, seed=1)[2]
     steps = catalog_steps(opt)
-    return opt, capacity_executable(opt.adapter_for(CAPACITY, spk), steps, programs=opt.programs)
+    return opt, capacity_executable(opt.adapter_for(CAPACITY, spk), steps, "probe", programs=opt.programs)
 
 
 def stream_at(opt, cexe, prompt_tokens: int):
@@ -185,7 +185,7 @@ def test_a_shape_no_graph_serves_runs_eagerly_with_its_reason(shared):
     assert bare.stats()["refused"] and not bare.stats()["held"]
 
 
-def test_the_drop_in_runs_new_voices_on_capacity_graphs_exact(t2w_mini):
+def test_the_drop_in_runs_new_voices_on_capacity_graphs_exact(t2w_mini, shared):
     """``optimize(..., capacity=...)``: voices up to the capacity run its graphs (no
     executable of their own length is compiled), a flush on its shared graph; a voice in
     the other branch class of the model's code (76 frames: ``2 * (s // 2) + 49`` divides by
@@ -197,6 +197,9 @@ def test_the_drop_in_runs_new_voices_on_capacity_graphs_exact(t2w_mini):
     import cadence_fx
     from cadence_fx.runtime.variants import BUILDING
     opt = cadence_fx.optimize(t2w_mini.tail, capacity=(CAPACITY,), off_catalog="specialize", background=True)
+    _, cexe = shared  # the capacity's graphs (the drop-in's own build of them: test_traffic's capacity test)
+    opt._capacities[(CAPACITY, (1, 192), torch.float32)] = cexe
+    before = cexe.stats()["built"]
     # a 6-token flush: a 7-token one has a branch class of its own in the prompt (one length in 7,
     # 76 frames among them), which the shared graph refuses (eager, counted: docs/serving.md)
     chunks = [(_tokens(28, 2 + i), False) for i in range(3)] + [(_tokens(6, 6), True)]
@@ -222,7 +225,8 @@ def test_the_drop_in_runs_new_voices_on_capacity_graphs_exact(t2w_mini):
     stats = opt.capacity_stats()
     assert set(stats["refused"]) == {226} and "past the largest capacity" in stats["refused"][226], stats
     shared = stats["built"][f"{CAPACITY} mel frames"]
-    assert len(shared["held"]) == 1 and shared["built"] == 1 and not shared["refused"], shared  # the flush, once
+    assert shared["built"] - before == 1 and not shared["refused"], shared  # the flush, once for both voices
+    assert "entry 2 | token (1, 6), spk (1, 192) | last_chunk" in shared["held"], shared
     assert stats["built"]["176 mel frames"]["built"] == 1  # the class's own flush graph
     for cexe in opt._capacities.values():  # the device's probe decided each attention call (the CPU's: exact)
         assert {cplan.attention for _, cplan, _ in cexe.graphs.values()} == {"probed"}

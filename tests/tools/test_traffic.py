@@ -95,8 +95,8 @@ def test_traffic_on_capacity_graphs_is_exact_and_restores_the_models_setting(sma
     compiled, whose executables the kept model would hold) run the graphs of one capacity
     (20 frames), windows and flushes on its shared graphs; exact, every chunk the program's;
     the kept model's own setting comes back after."""
-    code = cli.main(["traffic", "--model", SMALL, "--n-timesteps", "2", "--conversations", "2", "--turns", "2",
-                     "--prompt-range", "7,8", "--steady-range", "2,3", "--window-range", "8,10", "--flush-range",
+    code = cli.main(["traffic", "--model", SMALL, "--n-timesteps", "2", "--conversations", "2", "--turns", "1",
+                     "--prompt-range", "7,8", "--steady-range", "2,2", "--window-range", "8,10", "--flush-range",
                      "3,5", "--capacity", "20", "--json", "--quiet"])
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert code == 0 and report["exact"] is True and report["program_share"] == 1.0, (
