@@ -38,7 +38,7 @@ import torch.fx as fx
 
 from . import step as meta
 from .errors import CadenceError, NeedsForeground, PassError, SpecializationRefused, TraceError
-from .foreground import forked_rng
+from .foreground import forked_rng, in_background
 from .passes import aliasing, capacity_ops
 from .compiler import (_variant_builder, build_plan, extents_in_slots, own_bytes, region_bindings, region_buffers,
                        rewrite_pipeline, traced_extents, variant_entry)
@@ -180,7 +180,9 @@ def at_length(cexe: CapacityExecutable, adapter, check_hazards: bool = True, off
     ``off_catalog``, ``max_specializations``, ``max_specialization_bytes``: the executable's
     ``Variants`` (``compile_executable``'s): under ``"specialize"`` (the default here: a
     shape's graph is built once for every stream) a window or flush at a catalog entry's
-    state runs the shared graph of its shape (``shared_variant``, built on first use)."""
+    state runs the shared graph of its shape (``shared_variant``, built on first use).  A
+    stream's check of a shared graph already held is quick (``Variants.quick``): it is made on
+    the stream's thread even while builds go to the background, so the chunk runs the graph."""
     plan_here = build_plan(adapter)
     dims = {d: int(adapter.dims()[d]) for d in cexe.dims}
     if [e.index for e in plan_here.catalog] != sorted(cexe.graphs):
@@ -203,6 +205,7 @@ def at_length(cexe: CapacityExecutable, adapter, check_hazards: bool = True, off
     plan = dataclasses.replace(plan_here, layout=cexe.plan.layout)  # the capacity's arena, this length's extents
     variants = Variants(_stream_builder(cexe, adapter, plan, dims, check_hazards), off_catalog, max_specializations,
                         max_specialization_bytes)
+    variants.quick = lambda key: key.entry is not None and isinstance(cexe.shared.get(_shape(key)), SharedGraph)
     return Executable(plan, programs, sig.inputs, sig.outputs, tuple(sig.regions), Rules.parse("S"),
                       {"capacity": dict(cexe.dims), "at": dims}, variants=variants)
 
@@ -372,10 +375,12 @@ def class_capacity(adapter, programs, upto: int, say: Callable[[str], None] | No
 def attention_for(sym: SymbolicStep, dims: Mapping[str, int], masked_attention, device):
     """``capacity_form``'s ``masked_attention`` for ``sym`` at the capacity ``dims``: as given,
     or for ``"probe"`` the device's probe (``capacity.attention_probe``) over every length
-    1..capacity of a one-dim step (a step of several dims: exact attention)."""
+    1..capacity of a one-dim step (a step of several dims: exact attention).  On a background
+    build's thread the probe does not run (its attention calls are random ops to the build's
+    fence, which keeps the streams' generators untouched): the graph's attention runs exact."""
     if masked_attention != "probe":
         return masked_attention
-    if len(sym.dims) != 1:
+    if len(sym.dims) != 1 or in_background():
         return False
     (d,) = sym.dims
     return attention_probe(sym, dims, {d: list(range(1, int(dims[d]) + 1))}, device)

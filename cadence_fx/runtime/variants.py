@@ -159,6 +159,9 @@ class Variants:
         #: ``runtime.pending.Build``): builds go to a worker thread; None: built on the calling
         #: thread (see the module docstring)
         self.background: Callable[[str, Callable[[], tuple]], Any] | None = None
+        #: ``quick(key) -> bool``: a build cheap enough for the calling thread even while
+        #: ``background`` is set (a capacity executable's check of a shared graph it holds)
+        self.quick: Callable[[VariantKey], bool] | None = None
         self._pending: dict[VariantKey, Any] = {}  # key -> its build's handle
         self._seen: collections.OrderedDict[VariantKey, None] = collections.OrderedDict()  # "repeat": seen once
         self.first_sights = 0  # chunks run eagerly as the first of their shape ("repeat")
@@ -186,7 +189,8 @@ class Variants:
             if key in self._foreground_only:  # needs a trace: never on a chunk in background mode
                 if self.background is not None:
                     return None, NEEDS_FOREGROUND
-            elif self.background is not None or key in self._pending:
+            elif key in self._pending or (self.background is not None
+                                          and not (self.quick is not None and self.quick(key))):
                 got = self._in_background(key, inputs)
                 if got is not None:
                     return got
