@@ -437,10 +437,8 @@ def hazards_at(gm: fx.GraphModule, slots: Mapping[str, tuple], device, inputs: l
     runs); where that walk cannot follow, from running the graph once on zeroed regions."""
     regions = {n: torch.zeros(shape, dtype=dtype, device=device) for n, (shape, dtype) in slots.items()}
     with at_dims(dims):  # the host sizes the region views take: the walk needs no run of the model
-        scalars = {n: n.target(*n.args) for n in gm.graph.nodes if n.op == "call_function"
-                   and n.target is capacity_ops.host_size}
         try:
-            return aliasing.region_hazards(aliasing.record_region_accesses(gm, regions, scalars))
+            return aliasing.region_hazards(aliasing.record_region_accesses(gm, regions, capacity_ops.host_sizes(gm)))
         except aliasing.NeedsFullRun:
             pass
     args = list(inputs) + list(lengths) + [regions[n] for n in meta.arena_inputs(gm)]

@@ -67,6 +67,12 @@ def host_size(text: str, names: tuple, dims: tuple) -> int:
     return size_at(text, names, *_current(dims))
 
 
+def host_sizes(gm: torch.fx.GraphModule) -> dict:
+    """Each ``host_size`` node of a capacity graph -> its value at the dims its caller runs at
+    (``at_dims``): what a walk of the graph's region views takes (``aliasing.record_region_accesses``)."""
+    return {n: n.target(*n.args) for n in gm.graph.nodes if n.op == "call_function" and n.target is host_size}
+
+
 @torch.fx.node.has_side_effect
 def within(dims: tuple, capacities: tuple, names: tuple, guards: tuple, extents: tuple,
            lengths: List[torch.Tensor]) -> None:

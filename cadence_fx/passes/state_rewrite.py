@@ -237,10 +237,8 @@ def check_graph_hazards(gm: fx.GraphModule, bindings: Mapping[str, RegionBinding
     for name in meta.arena_inputs(gm):
         b = bindings[name]
         regions[name] = torch.empty(b.shape, dtype=getattr(torch, b.dtype), device=dev)
-    try:  # a capacity graph's host sizes (capacity_ops.host_size, at its caller's dims): values the walk takes
-        scalars = {n: n.target(*n.args) for n in gm.graph.nodes
-                   if n.op == "call_function" and n.target is capacity_ops.host_size}
-        return aliasing.region_hazards(aliasing.record_region_accesses(gm, regions, scalars))
+    try:  # a capacity graph's host sizes, at its caller's dims: values the walk takes
+        return aliasing.region_hazards(aliasing.record_region_accesses(gm, regions, capacity_ops.host_sizes(gm)))
     except aliasing.NeedsFullRun:
         pass
     example = meta.example_inputs(gm)
