@@ -44,7 +44,7 @@ from .compiler import (_variant_builder, build_plan, extents_in_slots, own_bytes
                        rewrite_pipeline, traced_extents, variant_entry)
 from .passes.capacity import at_dims, attention_probe, capacity_form, check_dims
 from .passes.capacity_plan import CapacityPlan
-from .passes.specialize import _value, bind_dims
+from .passes.specialize import _value, bind_dims, check_guards
 from .passes.trace_symbolic import SymbolicStep, SymTensor
 from .programs.entry import symbolic_entry
 from .runtime.arena import Arena, copy_strided
@@ -141,7 +141,7 @@ def capacity_executable(adapter, steps: "Mapping[int, SymbolicStep] | None" = No
     graphs = {}
 
     def use(sym: SymbolicStep, at=None):
-        serves(sym, dims)
+        check_guards(sym, dims)
         gm, cplan = capacity_form(sym, dims, attention_for(sym, dims, masked_attention, device), buffers=by_region,
                                   keep_values=True)  # what the passes read of each node
         check_dims(cplan, sym, dims)  # the capacity itself meets the step's guards
@@ -318,7 +318,7 @@ def _build_shared(cexe: CapacityExecutable, key: VariantKey, inputs: Mapping[str
     def use(sym: SymbolicStep, at: dict):
         chunk = {d: v for d, v in at.items() if d not in cexe.dims}  # the chunk's own lengths: bound
         bound = bind_dims(sym, chunk) if chunk else sym
-        serves(bound, cexe.dims)
+        check_guards(bound, cexe.dims)
         gm, cplan = capacity_form(bound, cexe.dims, attention_for(bound, cexe.dims, cexe.masked_attention, cexe.device),
                                   buffers=cexe.by_region, keep_values=True)
         check_dims(cplan, bound, cexe.dims)  # the capacity itself meets this step's guards
@@ -328,8 +328,7 @@ def _build_shared(cexe: CapacityExecutable, key: VariantKey, inputs: Mapping[str
     if got is None:
         raise VariantRefused(f"no symbolic step serves it at the capacity {cexe.dims} ({setup.get('reason')})")
     gm, cplan, bound = got
-    at_c = VariantKey(key.entry, tuple((r, e) for r, e in _entry_extents(cexe.plan, entry, tuple(sig.regions)).items()), key.inputs,
-                      key.flags)
+    at_c = dataclasses.replace(key, extents=())  # the entry's own state at the capacity, the key's inputs
     bindings = region_bindings(cexe.plan, variant_entry(cexe.plan, at_c), traced_extents(gm, cexe.plan))
     gm.meta[meta.EXAMPLE_INPUTS] = [example[n] for n in sig.inputs] + [torch.tensor(cexe.dims[d], device=cexe.device)
                                                                        for d in bound.dims]
@@ -355,7 +354,7 @@ def class_capacity(adapter, programs, upto: int, say: Callable[[str], None] | No
         setup: dict = {}
 
         def use(sym: SymbolicStep, at: dict) -> SymbolicStep:
-            serves(sym, {d: s})
+            check_guards(sym, {d: s})
             return sym
         sym = symbolic_entry(adapter, lambda x: build_plan(adapter, x), plan, entry, by_region, programs, setup,
                              say or (lambda msg: None), use)
@@ -365,7 +364,7 @@ def class_capacity(adapter, programs, upto: int, say: Callable[[str], None] | No
     for c in range(int(upto), s - 1, -1):
         try:
             for sym in steps.values():
-                serves(sym, {d: c})
+                check_guards(sym, {d: c})
         except SpecializationRefused:
             continue
         return c, steps
@@ -384,22 +383,6 @@ def attention_for(sym: SymbolicStep, dims: Mapping[str, int], masked_attention, 
         return False
     (d,) = sym.dims
     return attention_probe(sym, dims, {d: list(range(1, int(dims[d]) + 1))}, device)
-
-
-def serves(sym: SymbolicStep, dims: Mapping[str, int]) -> None:
-    """``SpecializationRefused`` unless every guard of ``sym`` holds at ``dims`` (all its dims):
-    a symbolic step of another branch class is passed over for the next (``symbolic_entry``)."""
-    import sympy
-    binding = {sym.symbols[d]: sympy.Integer(int(v)) for d, v in dims.items()}
-    for g in sym.guards:
-        if _value(g, binding, "a guard") is not True:
-            raise SpecializationRefused(f"guard {g} does not hold at {dict(dims)}")
-
-
-def _entry_extents(plan, entry, carried: tuple) -> dict:
-    """Each carried region's extent at a catalog entry's state (None off a growth axis)."""
-    axes = {r: plan.layout.slot(r).axis for r in carried}
-    return {r: None if axes[r] is None else entry.regions[r].shape[axes[r]] for r in carried}
 
 
 def extents_at(sym: SymbolicStep, plan, dims: Mapping[str, int]) -> dict:

@@ -58,11 +58,20 @@ def check_binding(sym: SymbolicStep, dims: Mapping[str, int],
         if tuple(t.shape) != want or t.dtype != p.dtype:
             raise SpecializationRefused(f"{p.name} is {tuple(t.shape)} {t.dtype}; the symbolic step at {dict(dims)} "
                                         f"takes {want} {p.dtype}")
-    for g in sym.guards:
-        ok = _value(g, binding, "a guard")
-        if ok is not True:
-            raise SpecializationRefused(f"guard {g} does not hold at {dict(dims)}")
+    _check_guards(sym, dims, binding)
     return binding
+
+
+def check_guards(sym: SymbolicStep, dims: Mapping[str, int]) -> None:
+    """``SpecializationRefused`` unless every guard of ``sym`` holds at ``dims`` (all its dims)."""
+    import sympy
+    _check_guards(sym, dims, {sym.symbols[d]: sympy.Integer(int(v)) for d, v in dims.items()})
+
+
+def _check_guards(sym: SymbolicStep, dims: Mapping[str, int], binding: Mapping) -> None:
+    for g in sym.guards:
+        if _value(g, binding, "a guard") is not True:
+            raise SpecializationRefused(f"guard {g} does not hold at {dict(dims)}")
 
 
 def _value(expr, binding: Mapping, what: str):
