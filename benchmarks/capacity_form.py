@@ -158,9 +158,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda":  # the protocol exactness is defined under
-        import os
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
+        from cadence_fx.lockstep import deterministic_protocol
+        deterministic_protocol()
     frames = [int(x) for x in args.prompt_frames.split(",")]
     entries = []
     for sym in record_entries(args.n_timesteps, args.prompt_tokens, device):

@@ -190,8 +190,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda":
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
+        from cadence_fx.lockstep import deterministic_protocol
+        deterministic_protocol()
     from cadence_fx.errors import SpecializationRefused
     from cadence_fx.passes import capacity as cap
     from cadence_fx.passes.specialize import specialize

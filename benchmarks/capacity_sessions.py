@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 
@@ -36,8 +35,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda":
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
+        from cadence_fx.lockstep import deterministic_protocol
+        deterministic_protocol()
     import cadence_fx
     from cadence_fx.capacity_executable import at_length, capacity_executable
     from cadence_fx.compiler import open_session

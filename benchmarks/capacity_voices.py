@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -93,8 +92,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda":
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
+        from cadence_fx.lockstep import deterministic_protocol
+        deterministic_protocol()
     import cadence_fx
     from cadence_fx.integrations import stepaudio2 as s2
     flow, hift = s2.build_modules(0)
