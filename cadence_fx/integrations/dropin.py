@@ -96,16 +96,22 @@ class DropIn:
         """The executable for ``key``, compiled from ``adapter`` the first time it is held
         (traced once per model; specialized after), the least recently used dropped past
         ``max_executables``."""
-        with self._exe_lock:
-            exe = self._executables.get(key)
-            if exe is not None:
-                self._executables.move_to_end(key)
-                return exe
+        exe = self._held(key)
+        if exe is not None:
+            return exe
         policy, most, most_bytes = self.off_catalog
         exe = compile_executable(adapter, self.rules, self.progress, self.programs, policy, most, most_bytes)
         with self._exe_lock:
             self._keep(key, exe)
         return exe
+
+    def _held(self, key: Hashable):
+        """The executable held for ``key`` (now the most recently used), or None."""
+        with self._exe_lock:
+            exe = self._executables.get(key)
+            if exe is not None:
+                self._executables.move_to_end(key)
+            return exe
 
     def _keep(self, key: Hashable, exe) -> None:
         if exe.variants is not None:  # its off-catalog programs build where the configuration's would

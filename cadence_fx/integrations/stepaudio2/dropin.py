@@ -127,11 +127,9 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
         from ...capacity_executable import at_length
         capacities = self.capacity  # once: set_capacity may run beside this
         key = self._key(prompt_frames, spk)
-        with self._exe_lock:
-            exe = self._executables.get(key)
-            if exe is not None:
-                self._executables.move_to_end(key)
-                return exe
+        exe = self._held(key)
+        if exe is not None:
+            return exe
         if not capacities:
             return None
         whys = []
