@@ -203,29 +203,43 @@ def at_length(cexe: CapacityExecutable, adapter, check_hazards: bool = True, off
                                              meta.arena_inputs(gm), nxt, "graph")
     sig = cexe.signature
     plan = dataclasses.replace(plan_here, layout=cexe.plan.layout)  # the capacity's arena, this length's extents
-    variants = Variants(_stream_builder(cexe, adapter, plan, dims, check_hazards), off_catalog, max_specializations,
-                        max_specialization_bytes)
-    variants.quick = lambda key: key.entry is not None and isinstance(cexe.shared.get(_shape(key)), SharedGraph)
+    builder = _stream_builder(cexe, adapter, plan, dims, check_hazards)
+    variants = Variants(builder, off_catalog, max_specializations, max_specialization_bytes)
+    variants.quick = builder.quick
     return Executable(plan, programs, sig.inputs, sig.outputs, tuple(sig.regions), Rules.parse("S"),
                       {"capacity": dict(cexe.dims), "at": dims}, variants=variants)
 
 
 def _stream_builder(cexe: CapacityExecutable, adapter, plan, dims: Mapping[str, int], check_hazards: bool):
     """``Variants``' ``build(key, inputs)`` for one stream: the shared graph of the key's shape
-    (at a catalog entry's state), checked at this stream's length; a state off the catalog:
-    a program of this stream's own (``compiler._variant_builder``, traced at its shapes)."""
-    own = _variant_builder(adapter, plan, Rules.parse("S"), cexe.programs, cexe.say)
+    (at a catalog entry's state), checked at this stream's length; a state off the catalog,
+    or a shape whose shared graph does not serve this length (another branch class of the
+    model's code, say: Token2Wav's 7-token flush at one prompt length in 7): a program of
+    this stream's own (``compiler._variant_builder``, traced at its exact shapes on the
+    capacity's arena layout: a symbolic step's buffers are laid out at the length it is
+    specialized at, the arena's at the capacity, so none would serve, and each try would
+    trace another symbolic variant into the model's store)."""
+    own = _variant_builder(adapter, plan, Rules.parse("S"), None, cexe.say)
 
     def build(key: VariantKey, inputs: Mapping[str, torch.Tensor]):
         if key.entry is None:
             return own(key, inputs)
-        shared = shared_variant(cexe, key, inputs)
-        lengths = [torch.tensor(dims[d], device=cexe.device) for d in shared.sym.dims]
         try:
-            check_dims(shared.plan, shared.sym, dims)
-            nxt = extents_at(shared.sym, plan, dims)
-        except SpecializationRefused as e:
-            raise VariantRefused(f"the shared graph of {_label(_shape(key))} does not serve {dims}: {e}") from e
+            return on_shared(key, inputs)
+        except VariantRefused as e:
+            why = str(e)
+        try:
+            program, nbytes, how = own(key, inputs)
+        except NeedsForeground:
+            raise
+        except Exception as e:
+            raise VariantRefused(f"{why}; nor a program of this stream's own: {type(e).__name__}: {e}") from e
+        return program, nbytes, f"this stream's own ({how}): {why}"
+
+    def on_shared(key: VariantKey, inputs: Mapping[str, torch.Tensor]):
+        shared = shared_variant(cexe, key, inputs)
+        nxt = serves(key, shared)
+        lengths = [torch.tensor(dims[d], device=cexe.device) for d in shared.sym.dims]
         if check_hazards:
             example = [copy_strided(inputs[n]) for n in cexe.signature.inputs]
             problems = _hazards(shared.gm, cexe, example, dims, lengths)
@@ -235,6 +249,31 @@ def _stream_builder(cexe: CapacityExecutable, adapter, plan, dims: Mapping[str, 
         run = AtDims(shared.gm, dims, lengths, len(cexe.signature.inputs))
         program = EntryProgram(variant_entry(plan, key), run, meta.arena_inputs(shared.gm), nxt, "graph")
         return program, shared.nbytes, f"the capacity's shared graph ({shared.how})"
+
+    def serves(key: VariantKey, shared: SharedGraph) -> dict:
+        """The next state's extents of ``shared`` at this stream's length; ``VariantRefused``
+        where it does not serve that length."""
+        try:
+            check_dims(shared.plan, shared.sym, dims)
+            return extents_at(shared.sym, plan, dims)
+        except SpecializationRefused as e:
+            raise VariantRefused(f"the shared graph of {_label(_shape(key))} does not serve {dims}: {e}") from e
+
+    def quick(key: VariantKey) -> bool:
+        """Whether ``key``'s build is only a check of a shared graph held that serves this
+        length (made on the stream's thread even while builds go to the background)."""
+        if key.entry is None:
+            return False
+        with cexe._lock:
+            shared = cexe.shared.get(_shape(key))
+        if not isinstance(shared, SharedGraph):
+            return False
+        try:
+            serves(key, shared)
+        except VariantRefused:
+            return False  # this stream's own program: a build like any other
+        return True
+    build.quick = quick
     return build
 
 

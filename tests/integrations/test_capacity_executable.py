@@ -167,22 +167,77 @@ def test_windows_and_flushes_share_graphs_across_voices_exact(shared):
     assert stats["built"] - before == 4  # the turns' three shapes, each once for both voices; the warm-up window's
 
 
-def test_a_shape_no_graph_serves_runs_eagerly_with_its_reason(shared):
-    """Without a program store no off-catalog graph can be built: the window runs the exact
-    eager path, counted with the reason, and the stream goes on on its graphs."""
+def test_a_shape_no_shared_graph_serves_runs_the_streams_own_program_or_eagerly(shared, monkeypatch):
+    """Without a program store no shared graph can be built: the window runs a program
+    traced for that stream alone (on the capacity's arena), the reason kept; where that
+    fails too, the exact eager path, counted with both reasons.  The stream goes on on its
+    graphs either way."""
     import collections
     import dataclasses
+    from cadence_fx import capacity_executable as ce
+    from cadence_fx.errors import TraceError
     opt, cexe = shared
     bare = dataclasses.replace(cexe, programs=None, shared=collections.OrderedDict())
-    session, stock = stream_at(opt, bare, 41)
     chunks = [(_tokens(28, 2 + i), False) for i in range(3)] + [(_tokens(14, 5), False), (_tokens(28, 4), False)]
+    session, stock = stream_at(opt, bare, 41)
+    report = compare_streams(stock, session, chunks, CPU, seed=7)
+    assert report["exact"], report["mismatches"]
+    routes = [c["route"] for c in report["per_chunk"]]
+    assert routes[3] == "graph specialization entry 2 | token (1, 14), spk (1, 192)" and routes[4] == "graph entry 2"
+    (how,) = [v["how"] for v in session.stats()["specializations"]["held"].values()]
+    assert how.startswith("this stream's own (traced)") and "no program store" in how, how
+    assert bare.stats()["refused"] and not bare.stats()["held"]
+
+    real = ce._variant_builder
+
+    def failing(*args, **kwargs):
+        real(*args, **kwargs)
+
+        def build(key, inputs):
+            raise TraceError("no trace here (the test's)")
+        return build
+    monkeypatch.setattr(ce, "_variant_builder", failing)
+    session, stock = stream_at(opt, bare, 41)
     report = compare_streams(stock, session, chunks, CPU, seed=7)
     assert report["exact"], report["mismatches"]
     routes = [c["route"] for c in report["per_chunk"]]
     assert routes[3].startswith("fallback") and routes[4] == "graph entry 2", routes
-    refused = session.stats()["specializations"]["refused"]
-    assert any("no program store" in why for why in refused.values()), refused
-    assert bare.stats()["refused"] and not bare.stats()["held"]
+    (why,) = session.stats()["specializations"]["refused"].values()
+    assert "no program store" in why and "nor a program of this stream's own" in why and "the test's" in why, why
+
+
+def test_a_flush_of_another_branch_class_runs_a_program_of_the_streams_own(shared):
+    """The mini's 7-token flush has a branch class of its own in the prompt: its shared graph
+    (built for a voice of 41 tokens, at the capacity's class) refuses 45 tokens (90 frames;
+    one voice length in 7).  That voice's flush is traced at its own shapes onto the
+    capacity's arena, every chunk exact; the shared graph goes on serving voices of its
+    class, and a check of it for the other class is no quick one (a build: in the
+    background while builds go there)."""
+    from cadence_fx.runtime.variants import VariantKey
+    opt, cexe = shared
+    chunks = [(_tokens(28, 20 + i), False) for i in range(3)] + [(_tokens(7, 23), True)]
+    routes, held, keys = {}, {}, {}
+    for p in (41, 45):
+        n_steps = len(opt.programs)  # (45's: after 41's flush traced the shape's symbolic step, if none was)
+        session, stock = stream_at(opt, cexe, p)
+        report = compare_streams(stock, session, chunks, CPU, seed=p)
+        assert report["exact"], (p, report["mismatches"])
+        routes[p] = [c["route"] for c in report["per_chunk"]]
+        variants = session.session.executable.variants
+        (keys[p],) = [k for k in variants._held if isinstance(k, VariantKey)]
+        held[p] = session.stats()["specializations"]["held"]
+    f = "graph specialization entry 2 | token (1, 7), spk (1, 192) | last_chunk"
+    assert routes[41][3] == f and routes[45][3] == f, routes
+    (how41,), (how45,) = [v["how"] for v in held[41].values()], [v["how"] for v in held[45].values()]
+    assert how41.startswith("the capacity's shared graph"), how41
+    assert how45.startswith("this stream's own (") and "does not serve {'prompt_frames': 90}" in how45, how45
+    assert how45.startswith("this stream's own (traced)")  # at its exact shapes: no symbolic variant tried
+    assert len(opt.programs) == n_steps  # no symbolic variant traced for 45's flush
+    assert "entry 2 | token (1, 7), spk (1, 192) | last_chunk" in cexe.stats()["held"]
+    # a fresh stream of each class: the held shared graph is a quick check for 41's, not for 45's
+    quick = {p: at_length(cexe, opt.adapter_for(2 * p, s2.synthetic_prompt(p, seed=p)[2])).variants.quick(keys[p])
+             for p in (41, 45)}
+    assert quick == {41: True, 45: False}, quick
 
 
 def test_the_drop_in_runs_new_voices_on_capacity_graphs_exact(t2w_mini, shared):
