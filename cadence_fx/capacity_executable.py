@@ -20,9 +20,10 @@ its prompt held at the capacity, then the rule-S passes; built the first time an
 sends that shape, held by the capacity executable (``max_shared`` of them, least recently
 used out first) and served to each stream as its executable's ``Variants``.  A stream
 needs only the checks at its own length (``check_dims``, the hazard check) for each.  A
-chunk whose state is off the catalog (after a window sent during the warm-up) gets a
-program traced at its exact shapes for that stream alone, as ``compile_executable``'s
-variants do.  Rules R (capture) and the program cache come next.
+chunk whose state is off the catalog (after a window sent during the warm-up), or whose
+shape's shared graph does not serve the stream's length (another branch class of the
+model's code), gets a program traced at its exact shapes for that stream alone, as
+``compile_executable``'s variants do.  Rules R (capture) and the program cache come next.
 """
 
 from __future__ import annotations

@@ -257,7 +257,7 @@ def test_the_drop_in_runs_new_voices_on_capacity_graphs_exact(t2w_mini, shared):
     opt._capacities[(CAPACITY, (1, 192), torch.float32)] = cexe
     before = cexe.stats()["built"]
     # a 6-token flush: a 7-token one has a branch class of its own in the prompt (one length in 7,
-    # 76 frames among them), which the shared graph refuses (eager, counted: docs/serving.md)
+    # 76 frames among them), which its shared graph refuses (a trace of that voice's own: tested above)
     chunks = [(_tokens(28, 2 + i), False) for i in range(3)] + [(_tokens(6, 6), True)]
     where = {}
     for p in (41, 57, 38, 113):  # 82, 114, 76 and 226 prompt frames
