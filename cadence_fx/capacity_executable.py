@@ -7,8 +7,9 @@ then the compiler's own rule-S passes (``StateRewrite`` puts the state in the ar
 ``at_length(executable, adapter)`` is that executable for a stream at another length: an
 ``Executable`` whose plan is the one at the stream's length (its catalog and extents: what
 the session's state, snapshots and comparisons read) laid out as the capacity's arena, and
-whose programs are the shared graphs, called with the stream's length (``AtDims``: the host
-dims in ``capacity_ops.at_dims``, the device lengths as the graphs' extra inputs).
+whose programs are the shared graphs, called with the stream's length (``at_stream``: the
+host dims in ``capacity_ops.at_dims`` around each call, the device lengths as the graphs'
+extra inputs).
 ``check_dims`` refuses a length the graphs do not serve (past the capacity, another branch
 class).
 
@@ -101,16 +102,14 @@ class SharedGraph:
     how: str
 
 
-class AtDims:
-    """A capacity graph called for one stream: its host dims set, its device lengths inserted
-    after the step's inputs (``n_inputs`` of them)."""
-
-    def __init__(self, gm: fx.GraphModule, dims: Mapping[str, int], lengths: list, n_inputs: int):
-        self.gm, self.dims, self.lengths, self.n_inputs = gm, dict(dims), lengths, n_inputs
-
-    def __call__(self, *args):
-        with at_dims(self.dims):
-            return self.gm(*args[:self.n_inputs], *self.lengths, *args[self.n_inputs:])
+def at_stream(gm: fx.GraphModule, dims: Mapping[str, int], lengths: list, entry, arena_inputs, nxt,
+              kind: str = "graph") -> EntryProgram:
+    """A capacity graph as one stream's program: its device lengths inserted after the step's
+    inputs (``EntryProgram.extra_inputs``: the same tensors at every call), its host dims set
+    around every run and capture (``EntryProgram.context``: ``capacity_ops.at_dims``)."""
+    dims = dict(dims)
+    return EntryProgram(entry, gm, arena_inputs, nxt, kind, extra_inputs=tuple(lengths),
+                        context=lambda: at_dims(dims))
 
 
 def capacity_executable(adapter, steps: "Mapping[int, SymbolicStep] | None" = None, masked_attention=False,
@@ -200,8 +199,7 @@ def at_length(cexe: CapacityExecutable, adapter, check_hazards: bool = True, off
                 raise PassError(f"entry {entry.index} at {dims}: the arena's state is overwritten before it is "
                                 f"read: {problems[0]}")
         nxt = {b.name: b.extent_out for b in region_bindings(plan_here, entry) if b.carried}
-        programs[entry.index] = EntryProgram(entry, AtDims(gm, dims, lengths, len(cexe.signature.inputs)),
-                                             meta.arena_inputs(gm), nxt, "graph")
+        programs[entry.index] = at_stream(gm, dims, lengths, entry, meta.arena_inputs(gm), nxt)
     sig = cexe.signature
     plan = dataclasses.replace(plan_here, layout=cexe.plan.layout)  # the capacity's arena, this length's extents
     builder = _stream_builder(cexe, adapter, plan, dims, check_hazards)
@@ -247,8 +245,7 @@ def _stream_builder(cexe: CapacityExecutable, adapter, plan, dims: Mapping[str, 
             if problems:
                 raise VariantRefused(f"{key.label()} at {dims}: the arena's state is overwritten before it is read: "
                                      f"{problems[0]}")
-        run = AtDims(shared.gm, dims, lengths, len(cexe.signature.inputs))
-        program = EntryProgram(variant_entry(plan, key), run, meta.arena_inputs(shared.gm), nxt, "graph")
+        program = at_stream(shared.gm, dims, lengths, variant_entry(plan, key), meta.arena_inputs(shared.gm), nxt)
         return program, shared.nbytes, f"the capacity's shared graph ({shared.how})"
 
     def serves(key: VariantKey, shared: SharedGraph) -> dict:
@@ -470,6 +467,6 @@ def hazards_at(gm: fx.GraphModule, slots: Mapping[str, tuple], device, inputs: l
         return aliasing.region_hazards(aliasing.record_accesses(gm, args, regions))
 
 
-__all__ = ["AtDims", "CapacityExecutable", "CapacityPlan", "SharedGraph", "at_length", "capacity_executable",
+__all__ = ["CapacityExecutable", "CapacityPlan", "SharedGraph", "at_length", "capacity_executable",
            "class_capacity",
-           "extents_at", "hazards_at", "shared_variant"]
+           "at_stream", "extents_at", "hazards_at", "shared_variant"]

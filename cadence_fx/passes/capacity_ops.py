@@ -37,7 +37,7 @@ _DIMS: contextvars.ContextVar = contextvars.ContextVar("cadence_fx_capacity_dims
 def at_dims(dims: Mapping[str, int]):
     """Run capacity-form graphs inside this block at ``dims`` (dim name -> value).  A
     generator must not hold it across a ``yield``: its caller's context would carry it
-    (``capacity_executable.AtDims`` sets it around one call)."""
+    (``capacity_executable.at_stream``'s programs set it around each call)."""
     token = _DIMS.set({d: operator.index(v) for d, v in dims.items()})
     try:
         yield

@@ -32,73 +32,14 @@ import torch
 
 from ..errors import CadenceError, InputError, SessionBroken, SessionBusy, SessionClosed
 from ..foreground import working
-from ..plan import CatalogEntry, Plan, TensorSpec
-from ..step import Rules
+from ..plan import CatalogEntry
 from . import collector, device_work, streams
 from .arena import Arena, copy_strided
 from .counters import SessionStats, SetupTimes
+from .executable import EntryProgram, Executable
 from .gate import AdmissionGate, input_mismatch, validate_inputs
 from .snapshot import SessionSnapshot
-from .variants import VariantKey, VariantRefused, Variants
-
-
-@dataclasses.dataclass
-class EntryProgram:
-    """What runs for one catalog entry: ``run(*inputs, *arena_regions) -> outputs``."""
-
-    entry: CatalogEntry
-    run: Callable[..., tuple]
-    arena_inputs: tuple[str, ...]
-    next_extents: Mapping[str, int | None]
-    kind: str = "graph"  # "graph" (rewritten aten graph, eager kernels) or "cudagraph" (replay)
-    #: rules R/Rc: the carried state as the program takes it (stock-managed state may be
-    #: larger than the declared region off its growth axis, e.g. a buffer of 16 step slots)
-    state_specs: Mapping[str, TensorSpec] | None = None
-
-
-@dataclasses.dataclass
-class Executable:
-    plan: Plan
-    programs: dict[int, EntryProgram]
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-    carried: tuple[str, ...]
-    rules: Rules
-    notes: dict[str, Any] = dataclasses.field(default_factory=dict)  # timings, pass records
-    #: rule S: the arena the entries were traced on, handed (zeroed) to the first session
-    spare_arena: Arena | None = dataclasses.field(default=None, repr=False, compare=False)
-    _spare_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False, compare=False)
-    #: rules with S: programs for the chunks the catalog does not hold (``runtime.variants``)
-    variants: Variants | None = dataclasses.field(default=None, repr=False, compare=False)
-    _compile_claimed: bool = dataclasses.field(default=False, repr=False, compare=False)
-
-    @property
-    def stable_state(self) -> bool:
-        """Rule S: state in an arena at stable addresses; else stock-managed state."""
-        return self.rules.stable_state
-
-    def take_arena(self, device: torch.device | str) -> Arena:
-        """An arena for a new session: the trace's own (zero-filled again) the first
-        time, a fresh one after.  One session on an executable then holds one arena's
-        memory, not two (on CUDA the trace's arena stays allocated after compiling)."""
-        with self._spare_lock:  # sessions may be opened from several threads: one taker only
-            arena, self.spare_arena = self.spare_arena, None
-        if arena is None or arena.device != torch.device(device):
-            return Arena(self.plan.layout, device)
-        return arena.clear()
-
-    def drop_spare_arena(self) -> None:
-        """Free the trace's arena if no session took it (a session that started before the
-        executable existed has its own: ``runtime.pending``)."""
-        with self._spare_lock:
-            self.spare_arena = None
-
-    def claim_compile(self) -> dict[str, Any] | None:
-        """The compile's notes the first time, ``None`` after (under ``_spare_lock``): only the
-        first session opened on an executable, whose opening compiled it, reports the compile."""
-        with self._spare_lock:
-            claimed, self._compile_claimed = self._compile_claimed, True
-        return None if claimed else self.notes
+from .variants import VariantKey, VariantRefused
 
 
 FallbackFn = Callable[..., tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]]
@@ -181,10 +122,12 @@ class Session:
                     reserve_copies(pool, list(parents.values()), self._expect_device)  # one buffer: the largest entry's
                     for idx, program in sorted(self.executable.programs.items()):
                         parent = parents[idx]
-                        args = [example_inputs[n] for n in self.executable.inputs] + self._capture_state_args(program)
+                        args = program.arguments(example_inputs, self.executable.inputs,
+                                                 self._capture_state_args(program))
                         try:  # a cold stream's first capture warms it up; the later ones capture unwarmed
-                            failed[idx] = capture_entry(parent, args, pool, self._bound_storage(), stream,
-                                                        warm_up=self._must_warm_up(stream))
+                            with program.entered():
+                                failed[idx] = capture_entry(parent, args, pool, self._bound_storage(), stream,
+                                                            warm_up=self._must_warm_up(stream))
                             self._warmed_up(stream)
                         except torch.OutOfMemoryError as e:  # capture must never crash a stream: the
                             # entry's uncaptured regions run eagerly, each step counted ("not captured")
@@ -374,15 +317,17 @@ class Session:
     def _run_program(self, program: EntryProgram, label: "int | str",
                      inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``program`` on the state in place, counted under ``label`` (an entry, or a specialization)."""
-        args = [inputs[n] for n in self.executable.inputs] + self._state_args(program)
+        args = program.arguments(inputs, self.executable.inputs, self._state_args(program))
         try:
             if program.kind == "cudagraph":
                 from .graphs import region_stats
                 before = region_stats(program.run)
-                result = tuple(t.clone() for t in program.run(*args))  # static outputs: copy before the next replay
+                with program.entered():
+                    result = tuple(t.clone() for t in program.run(*args))  # static outputs: copy before the next replay
                 after = region_stats(program.run)
             else:
-                result = program.run(*args)
+                with program.entered():
+                    result = program.run(*args)
             outputs = self._commit(program, result)
         except BaseException as e:
             self._break(e)
@@ -447,13 +392,14 @@ class Session:
         from .graphs import GraphPool, GraphRng, capture_variant
         saved = {r: t.clone() for r, t in self._live_state().items()}
         extents = dict(self.extents)
-        args = [inputs[n] for n in self.executable.inputs] + self._capture_state_args(program)
+        args = program.arguments(inputs, self.executable.inputs, self._capture_state_args(program))
         if self._pool is None and self._expect_device.type == "cuda":
             self._pool, self._rng = GraphPool(), GraphRng.for_device(self._expect_device)
         stream = self._own_capture_stream() if self._expect_device.type == "cuda" else self._capture_stream
         try:
-            captured = capture_variant(program.run, args, self._pool, self._bound_storage(), stream,
-                                       self._expect_device, self._rng, warm_up=self._must_warm_up(stream))
+            with program.entered():
+                captured = capture_variant(program.run, args, self._pool, self._bound_storage(), stream,
+                                           self._expect_device, self._rng, warm_up=self._must_warm_up(stream))
             if captured[2] is None:  # it ran (warmed up, or captured unwarmed): the stream is warm now
                 self._warmed_up(stream)
             return captured
