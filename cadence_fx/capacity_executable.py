@@ -39,11 +39,11 @@ import torch
 import torch.fx as fx
 
 from . import step as meta
-from .errors import CadenceError, NeedsForeground, PassError, SpecializationRefused, TraceError
+from .errors import CadenceError, NeedsForeground, PassError, RulesError, SpecializationRefused, TraceError
 from .foreground import forked_rng, in_background
 from .passes import aliasing, capacity_ops
-from .compiler import (_variant_builder, build_plan, extents_in_slots, own_bytes, region_bindings, region_buffers,
-                       rewrite_pipeline, traced_extents, variant_entry)
+from .compiler import (_variant_builder, build_plan, extents_in_slots, lowered_copy, own_bytes, region_bindings,
+                       region_buffers, rewrite_pipeline, traced_extents, variant_entry)
 from .passes.capacity import at_dims, attention_probe, capacity_form, check_dims
 from .passes.capacity_plan import CapacityPlan
 from .passes.specialize import _value, bind_dims, check_guards
@@ -77,6 +77,10 @@ class CapacityExecutable:
     shared: collections.OrderedDict = dataclasses.field(default_factory=collections.OrderedDict, repr=False)
     built: int = 0
     evicted: int = 0
+    rules: Rules = dataclasses.field(default_factory=lambda: Rules.parse("S"))
+    #: entry index -> its rule-S graph (what a stream's hazard check walks; ``graphs``' own
+    #: where the rules do not replay, else ``graphs``' is lowered for replay from a copy of it)
+    checked: dict = dataclasses.field(default_factory=dict, repr=False)
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
     _building: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
 
@@ -100,6 +104,7 @@ class SharedGraph:
     nbytes: int
     build_s: float
     how: str
+    checked: Any = None  # its rule-S graph (the hazard check's); ``gm`` where the rules do not replay
 
 
 def at_stream(gm: fx.GraphModule, dims: Mapping[str, int], lengths: list, entry, arena_inputs, nxt,
@@ -114,7 +119,7 @@ def at_stream(gm: fx.GraphModule, dims: Mapping[str, int], lengths: list, entry,
 
 def capacity_executable(adapter, steps: "Mapping[int, SymbolicStep] | None" = None, masked_attention=False,
                         programs=None, say: Callable[[str], None] | None = None,
-                        max_shared: int = DEFAULT_MAX_SHARED) -> CapacityExecutable:
+                        max_shared: int = DEFAULT_MAX_SHARED, rules: "str | Rules" = "S") -> CapacityExecutable:
     """Every catalog entry of ``adapter`` (made at the capacity: its symbolic dims' values)
     from ``steps`` (entry index -> its symbolic step), rule S; ``steps=None``: each entry's
     symbolic step that serves the capacity, looked up in ``programs`` or traced there
@@ -125,11 +130,18 @@ def capacity_executable(adapter, steps: "Mapping[int, SymbolicStep] | None" = No
     ``masked_attention``: ``capacity_form``'s (False: attention over padded keys runs exact),
     or ``"probe"``: each call masked only where the device finds it bit-equal to the step's
     own call at every length up to the capacity (``attention_for``).
+    ``rules``: S, or S with R (``SR``, ``SRc``): each graph is then lowered for replay too
+    (``compiler.lowered_copy``): its capturable pieces are captured per session, on that
+    session's arena, its host sizes (``capacity_ops.host_size``) and what reads them eager
+    islands or baked into a piece whose replay checks them (one session: one length).
     ``SpecializationRefused`` where a step does not serve the capacity itself."""
     if masked_attention not in (False, True, "probe") and not callable(masked_attention):
         raise CadenceError(f"masked_attention={masked_attention!r}: False, True, 'probe' or a probe")
     if isinstance(max_shared, bool) or not isinstance(max_shared, int) or max_shared < 0:
         raise CadenceError(f"max_shared={max_shared!r} must be an int >= 0")
+    rules = Rules.parse(rules)
+    if not rules.stable_state:
+        raise RulesError(f"capacity graphs keep the state in the arena: rules {str(rules)!r} need S")
     if steps is None and programs is None:
         raise CadenceError("capacity_executable needs the catalog's symbolic steps or the model's ProgramStore")
     device = torch.device(adapter.device)
@@ -138,7 +150,7 @@ def capacity_executable(adapter, steps: "Mapping[int, SymbolicStep] | None" = No
     scratch = Arena(plan.layout, device)
     by_region = region_buffers(adapter.declaration, scratch)
     say = say or (lambda msg: None)
-    graphs = {}
+    graphs, checked = {}, {}
 
     def use(sym: SymbolicStep, at=None):
         check_guards(sym, dims)
@@ -161,9 +173,10 @@ def capacity_executable(adapter, steps: "Mapping[int, SymbolicStep] | None" = No
                                         + [torch.tensor(dims[d], device=device) for d in sym.dims])
         with at_dims(dims):  # EarlyWriteback's check runs the graph, at the capacity
             gm, _ = rewrite_pipeline(region_bindings(plan, entry), "S", device.type)(gm)
-        graphs[entry.index] = (gm, cplan, sym)
+        checked[entry.index] = gm
+        graphs[entry.index] = (lowered_copy(gm, rules, device.type, adapter.step_boundary()), cplan, sym)
     return CapacityExecutable(plan, graphs, adapter.signature, dims, device, adapter, programs, by_region,
-                              masked_attention, say, max_shared)
+                              masked_attention, say, max_shared, rules=rules, checked=checked)
 
 
 def at_length(cexe: CapacityExecutable, adapter, check_hazards: bool = True, off_catalog: str = "specialize",
@@ -194,18 +207,19 @@ def at_length(cexe: CapacityExecutable, adapter, check_hazards: bool = True, off
         check_dims(cplan, sym, dims)
         lengths = [torch.tensor(dims[d], device=cexe.device) for d in sym.dims]
         if check_hazards:
-            problems = _hazards(gm, cexe, list(adapter.example_inputs().values()), dims, lengths)
+            problems = _hazards(cexe.checked.get(entry.index, gm), cexe, list(adapter.example_inputs().values()),
+                                dims, lengths)
             if problems:
                 raise PassError(f"entry {entry.index} at {dims}: the arena's state is overwritten before it is "
                                 f"read: {problems[0]}")
         nxt = {b.name: b.extent_out for b in region_bindings(plan_here, entry) if b.carried}
-        programs[entry.index] = at_stream(gm, dims, lengths, entry, meta.arena_inputs(gm), nxt)
+        programs[entry.index] = at_stream(gm, dims, lengths, entry, meta.arena_inputs(gm), nxt, _kind(cexe.rules))
     sig = cexe.signature
     plan = dataclasses.replace(plan_here, layout=cexe.plan.layout)  # the capacity's arena, this length's extents
     builder = _stream_builder(cexe, adapter, plan, dims, check_hazards)
     variants = Variants(builder, off_catalog, max_specializations, max_specialization_bytes)
     variants.quick = builder.quick
-    return Executable(plan, programs, sig.inputs, sig.outputs, tuple(sig.regions), Rules.parse("S"),
+    return Executable(plan, programs, sig.inputs, sig.outputs, tuple(sig.regions), cexe.rules,
                       {"capacity": dict(cexe.dims), "at": dims}, variants=variants)
 
 
@@ -218,7 +232,7 @@ def _stream_builder(cexe: CapacityExecutable, adapter, plan, dims: Mapping[str, 
     capacity's arena layout: a symbolic step's buffers are laid out at the length it is
     specialized at, the arena's at the capacity, so none would serve, and each try would
     trace another symbolic variant into the model's store)."""
-    own = _variant_builder(adapter, plan, Rules.parse("S"), None, cexe.say)
+    own = _variant_builder(adapter, plan, cexe.rules, None, cexe.say)
 
     def build(key: VariantKey, inputs: Mapping[str, torch.Tensor]):
         if key.entry is None:
@@ -241,11 +255,12 @@ def _stream_builder(cexe: CapacityExecutable, adapter, plan, dims: Mapping[str, 
         lengths = [torch.tensor(dims[d], device=cexe.device) for d in shared.sym.dims]
         if check_hazards:
             example = [copy_strided(inputs[n]) for n in cexe.signature.inputs]
-            problems = _hazards(shared.gm, cexe, example, dims, lengths)
+            problems = _hazards(shared.checked or shared.gm, cexe, example, dims, lengths)
             if problems:
                 raise VariantRefused(f"{key.label()} at {dims}: the arena's state is overwritten before it is read: "
                                      f"{problems[0]}")
-        program = at_stream(shared.gm, dims, lengths, variant_entry(plan, key), meta.arena_inputs(shared.gm), nxt)
+        program = at_stream(shared.gm, dims, lengths, variant_entry(plan, key), meta.arena_inputs(shared.gm), nxt,
+                            _kind(cexe.rules))
         return program, shared.nbytes, f"the capacity's shared graph ({shared.how})"
 
     def serves(key: VariantKey, shared: SharedGraph) -> dict:
@@ -273,6 +288,10 @@ def _stream_builder(cexe: CapacityExecutable, adapter, plan, dims: Mapping[str, 
         return True
     build.quick = quick
     return build
+
+
+def _kind(rules: Rules) -> str:
+    return "cudagraph" if rules.replays else "graph"
 
 
 def _shape(key: VariantKey) -> tuple:
@@ -372,7 +391,8 @@ def _build_shared(cexe: CapacityExecutable, key: VariantKey, inputs: Mapping[str
     with at_dims(cexe.dims):  # EarlyWriteback's check runs the graph, at the capacity
         gm, _ = rewrite_pipeline(bindings, "S", cexe.device.type)(gm)
     how = f"{setup.get('how', '?')} (variant {setup.get('variant')}, program {setup.get('program')})"
-    return SharedGraph(gm, cplan, bound, own_bytes(gm, adapter), 0.0, how)
+    run = lowered_copy(gm, cexe.rules, cexe.device.type, adapter.step_boundary())
+    return SharedGraph(run, cplan, bound, own_bytes(gm, adapter), 0.0, how, gm)
 
 
 def class_capacity(adapter, programs, upto: int, say: Callable[[str], None] | None = None) -> tuple:

@@ -124,11 +124,7 @@ def rewrite_pipeline(bindings: list[RegionBinding], rules: "str | Rules" = "S", 
         # execution of the step per entry); prune_dead then drops the rebound buffers' constants
         passes += [StateRewrite(bindings, check_hazards=False), EarlyWriteback(bindings), PruneDead()]
     if rules.replays:
-        # istft's per-call host read would split a chunk around an eager island
-        # a shared step's calls apart: each call's region replays one graph (runtime.graphs.SHARE_CALLS)
-        passes += [IstftWithoutHostRead(), Partition(device_type, rules.replay, boundary,
-                                                     calls_apart=runtime_graphs.SHARE_CALLS),
-                   LowerCudaGraph(region)]
+        passes += _replay_passes(rules, device_type, boundary, region)
     return PassManager(passes,
                        constraints=[this_before_that(FoldHostConstants, StateRewrite),
                                     this_before_that(StateRewrite, EarlyWriteback),
@@ -137,6 +133,30 @@ def rewrite_pipeline(bindings: list[RegionBinding], rules: "str | Rules" = "S", 
                                     this_before_that(Partition, LowerCudaGraph)],
                        checks=[lambda gm: gm.graph.lint()], debug=debug,
                        let_go=interpret.let_go_module if let_go and not KEEP_GRAPHS else None)
+
+
+def _replay_passes(rules: Rules, device_type: str, boundary, region) -> list:
+    # istft's per-call host read would split a chunk around an eager island
+    # a shared step's calls apart: each call's region replays one graph (runtime.graphs.SHARE_CALLS)
+    return [IstftWithoutHostRead(), Partition(device_type, rules.replay, boundary, calls_apart=runtime_graphs.SHARE_CALLS),
+            LowerCudaGraph(region)]
+
+
+def lowered_copy(gm: fx.GraphModule, rules: "str | Rules", device_type: str, boundary=None,
+                 region=CapturedRegion) -> fx.GraphModule:
+    """A rule-S graph (after ``rewrite_pipeline``'s S passes) lowered for ``rules``' replay, on a
+    copy: ``gm`` stays as it was (its constants shared), for what walks the unpartitioned graph
+    (``capacity_executable``'s per-length hazard check).  ``gm`` itself where ``rules`` do not replay."""
+    rules = _rules(rules)
+    if not rules.replays:
+        return gm
+    graph = fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    copy = fx.GraphModule(gm, graph)
+    copy.meta.update(gm.meta)
+    out, _ = PassManager(_replay_passes(rules, device_type, boundary, region), checks=[lambda g: g.graph.lint()])(copy)
+    _compact(out, rules)
+    return out
 
 
 def shared_calls(adapter: StreamingAdapter, rules: Rules):

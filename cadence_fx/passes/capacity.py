@@ -187,6 +187,7 @@ class _Emit:
         self.own_layout: set = set()  # nodes whose exact form is laid out as the step lays it out
         self.memo: dict = {}
         self.dev: list = []
+        self.hoisted = None  # the last node of the graph's head: the dims' check, then the host sizes
         for node in sym.gm.graph.nodes:
             self._emit(node)
 
@@ -221,8 +222,9 @@ class _Emit:
             if not _padded(b.meta.get(meta.SYM)):
                 self.exact_env[b] = get
         self.pending = None  # a dim past the capacity never runs (check_dims says more):
-        self.g.call_function(within, (self.dims, tuple(int(self.plan.capacity[d]) for d in self.dims), self.names,
-                                      tuple(str(g) for g in self.sym.guards), self.plan.extents, list(self.dev)))
+        self.hoisted = self.g.call_function(within, (self.dims, tuple(int(self.plan.capacity[d]) for d in self.dims),
+                                                     self.names, tuple(str(g) for g in self.sym.guards),
+                                                     self.plan.extents, list(self.dev)))
 
     def module(self) -> fx.GraphModule:
         gm = module_without_code(self.sym.gm, self.g, self.attrs)
@@ -242,9 +244,13 @@ class _Emit:
         if form == CAPACITY:
             return _value(e, self.at_capacity, "a size")
         key = (form, str(e))
-        if key not in self.memo:
-            self.memo[key] = (self.g.call_function(host_size, (str(e), self.names, self.dims)) if form == EXACT
-                              else self.g.call_function(DEVICE_SIZE, (str(e), ",".join(self.names), list(self.dev))))
+        if key not in self.memo and form == EXACT:
+            # hoisted to the top, after the dims' check: a host size reads the dims alone, and
+            # a run of them there leaves the rest of the graph in one piece to capture (rule R)
+            with self.g.inserting_after(self.hoisted):
+                self.memo[key] = self.hoisted = self.g.call_function(host_size, (str(e), self.names, self.dims))
+        elif key not in self.memo:
+            self.memo[key] = self.g.call_function(DEVICE_SIZE, (str(e), ",".join(self.names), list(self.dev)))
         return self.memo[key]
 
     def exact_of(self, a: fx.Node):

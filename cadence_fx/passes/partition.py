@@ -28,6 +28,7 @@ import torch.fx as fx
 from .. import step as meta
 from ..errors import PassError
 from .base import CadencePass, PassResult, by_op, call_summary, copy_node
+from .capacity_ops import DEVICE_SIZE, FAITHFUL, MASKED_ATTENTION, MASKED_COPY, OFFSET_CAT, TO_CAPACITY
 
 aten = torch.ops.aten
 
@@ -44,6 +45,9 @@ DATA_DEPENDENT = {aten.nonzero.default, aten.masked_select.default, aten.repeat_
                   aten._unique2.default, aten.unique_consecutive.default}
 #: op namespaces whose kernels are capture-safe when their inputs live on the device
 ALLOWED_NAMESPACES = ("aten",)
+#: ops outside them that are too: the capacity form's (``capacity_ops``: device kernels on
+#: device lengths, no host read; its host sizes are plain Python calls, eager islands)
+CAPTURE_SAFE = frozenset({FAITHFUL, DEVICE_SIZE, OFFSET_CAT, MASKED_COPY, MASKED_ATTENTION, TO_CAPACITY})
 #: pre-dispatch graphs keep autocast and grad mode as calls: they change dispatcher
 #: state on the host and launch nothing, so they may sit inside a captured region
 #: (an autocast's casts are then captured as kernels, as in eager).
@@ -78,7 +82,7 @@ def _aten_verdict(t: torch._ops.OpOverload) -> tuple[bool | None, str]:
         return False, f"data-dependent shape: {t}"
     if t in HOST_SYNC:
         return False, f"host sync: {t}"
-    if t.namespace not in ALLOWED_NAMESPACES:
+    if t.namespace not in ALLOWED_NAMESPACES and t not in CAPTURE_SAFE:
         return False, f"op outside the allow-list: {t}"
     return None, ""
 

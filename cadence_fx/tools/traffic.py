@@ -95,7 +95,7 @@ def add_args(p) -> None:
                    help="windows, flushes and the steps after them: their own programs, built on first use "
                         "(default) or the second time a shape comes (repeat), or the exact eager path")
     p.add_argument("--capacity", type=_frames, default=None, metavar="FRAMES[,FRAMES]",
-                   help="rule S: every voice up to FRAMES prompt mel frames on one set of graphs (optimize(..., "
+                   help="rules with S: every voice up to FRAMES prompt mel frames on one set of graphs (optimize(..., "
                         "capacity=...)); a longer voice, or one no capacity serves, is built for its own length")
     p.add_argument("--background", action="store_true",
                    help="build each new voice's graphs on a worker thread while its chunks run the exact eager "

@@ -298,8 +298,13 @@ def test_capacity_options_are_checked():
             cadence_fx.optimize(tail, capacity=bad)
     from cadence_fx.integrations.stepaudio2.dropin import check_capacity
     assert check_capacity((512, 256, 256), "S") == (256, 512) and check_capacity(None, "SRc") is None
-    with pytest.raises(cadence_fx.RulesError, match="rules 'S' only"):
-        check_capacity(256, "SRc")  # capture of capacity graphs is not built yet
+    assert check_capacity(256, "SRc") == (256,) and check_capacity(256, "SR") == (256,)
+    for rules in ("R", "Rc"):  # stock's own state: no arena to lay out at the capacity
+        with pytest.raises(cadence_fx.RulesError, match="needs rule S"):
+            check_capacity(256, rules)
+    from cadence_fx.capacity_executable import capacity_executable
+    with pytest.raises(cadence_fx.RulesError, match="need S"):
+        capacity_executable(object(), {}, rules="Rc")
 
 
 def test_the_hazard_check_runs_at_each_streams_own_length(shared, monkeypatch):

@@ -130,11 +130,11 @@ capacity form: prompt <= 40; attention over padded keys: exact
             self.assertExpectedInline(code, """\
 def forward(self, in_x, in_len_prompt, state_cache, buf_buf):
     within = cadence_fx_passes_capacity_ops_within(('prompt',), (40,), ('s',), ('s + 5 > 8', 's >= 4'), ('s', 's + 10', 's + 3', 's + 4', 's + 5'), [in_len_prompt]);  within = None
+    host_size = cadence_fx_passes_capacity_ops_host_size('s + 5', ('s',), ('prompt',))
     capacity_device_size_default = torch.ops.cadence_fx.capacity_device_size.default('0', 's', [in_len_prompt])
     capacity_device_size_default_1 = torch.ops.cadence_fx.capacity_device_size.default('s + 3', 's', [in_len_prompt])
     capacity_offset_cat_default = torch.ops.cadence_fx.capacity_offset_cat.default([state_cache, in_x], 1, [capacity_device_size_default, capacity_device_size_default_1]);  state_cache = in_x = capacity_device_size_default_1 = None
     slice_tensor = torch.ops.aten.slice.Tensor(capacity_offset_cat_default, 1, 0, 40, 1)
-    host_size = cadence_fx_passes_capacity_ops_host_size('s + 5', ('s',), ('prompt',))
     narrow_default = torch.ops.aten.narrow.default(capacity_offset_cat_default, 1, 0, host_size);  capacity_offset_cat_default = host_size = None
     slice_tensor_1 = torch.ops.aten.slice.Tensor(narrow_default, 1, -4, 9223372036854775807);  narrow_default = None
     capacity_device_size_default_2 = torch.ops.cadence_fx.capacity_device_size.default('s', 's', [in_len_prompt])
@@ -149,13 +149,13 @@ def forward(self, in_x, in_len_prompt, state_cache, buf_buf):
             self.assertExpectedInline(code, """\
 def forward(self, in_x, in_len_prompt, state_cache, buf_buf):
     within = cadence_fx_passes_capacity_ops_within(('prompt',), (40,), ('s',), ('s + 5 > 8', 's + 1 <= 9223372036854775807', 's >= 4', 's <= 9223372036854775806'), ('s', 's + 10', 's + 3', 's + 4', 's + 5'), [in_len_prompt]);  within = None
+    host_size = cadence_fx_passes_capacity_ops_host_size('s + 5', ('s',), ('prompt',))
     capacity_device_size_default = torch.ops.cadence_fx.capacity_device_size.default('0', 's', [in_len_prompt])
     capacity_device_size_default_1 = torch.ops.cadence_fx.capacity_device_size.default('s + 3', 's', [in_len_prompt])
     capacity_offset_cat_default = torch.ops.cadence_fx.capacity_offset_cat.default([state_cache, in_x], 1, [capacity_device_size_default, capacity_device_size_default_1]);  state_cache = in_x = capacity_device_size_default_1 = None
     slice_tensor = torch.ops.aten.slice.Tensor(capacity_offset_cat_default, 0, 0, 9223372036854775807)
     slice_tensor_1 = torch.ops.aten.slice.Tensor(slice_tensor, 1, 0, 40, 1);  slice_tensor = None
     slice_tensor_2 = torch.ops.aten.slice.Tensor(capacity_offset_cat_default, 0, 0, 9223372036854775807);  capacity_offset_cat_default = None
-    host_size = cadence_fx_passes_capacity_ops_host_size('s + 5', ('s',), ('prompt',))
     narrow_default = torch.ops.aten.narrow.default(slice_tensor_2, 1, 0, host_size);  slice_tensor_2 = host_size = None
     slice_tensor_3 = torch.ops.aten.slice.Tensor(narrow_default, 1, -4, 9223372036854775807);  narrow_default = None
     capacity_device_size_default_2 = torch.ops.cadence_fx.capacity_device_size.default('s', 's', [in_len_prompt])

@@ -42,7 +42,7 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
     as scratch, so they must not step concurrently.  Both APIs check their arguments
     first (``inputs``) and copy the speaker vector: the caller may reuse its tensor.
 
-    ``capacity`` (rule S; architecture item 4): prompt lengths in mel frames, e.g.
+    ``capacity`` (rules with S; architecture item 4): prompt lengths in mel frames, e.g.
     ``(256, 512)``.  A prompt of ``s`` frames then runs the graphs of the smallest capacity
     ``C >= s`` that serves it (``capacity_executable``: one set of graphs per capacity,
     built the first time, for every prompt length up to it; windows and flushes share
@@ -170,7 +170,7 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
                     self.progress(f"building the graphs of every prompt length up to {cap} mel frames")
                 try:
                     cexe = capacity_executable(self.adapter_for(cap, spk), steps, "probe", programs=self.programs,
-                                               say=self.progress)
+                                               say=self.progress, rules=self.rules)
                 except Exception as e:  # noqa: BLE001 - kept as the capacity's reason (capacity_stats)
                     cexe = f"{type(e).__name__}: {e}"
                 self._capacities[ckey] = cexe
@@ -252,7 +252,7 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
 
 def check_capacity(capacity, rules: str) -> "tuple[int, ...] | None":
     """``capacity`` as sorted prompt lengths (mel frames), or None; ``CadenceError`` naming a
-    bad value, ``RulesError`` for rules that replay (capacity graphs run under rule S)."""
+    bad value, ``RulesError`` for rules without S (capacity graphs keep the state in the arena)."""
     if capacity is None:
         return None
     values = (capacity,) if isinstance(capacity, int) else capacity
@@ -260,7 +260,7 @@ def check_capacity(capacity, rules: str) -> "tuple[int, ...] | None":
             isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
         raise CadenceError(f"capacity={capacity!r} must be a prompt length in mel frames (an int >= 1) or a "
                            f"non-empty tuple of them")
-    if Rules.parse(rules).replays:
-        raise RulesError(f"capacity={capacity!r} runs under rules 'S' only (rules {rules!r}: capture of capacity "
-                         f"graphs is not built yet)")
+    if not Rules.parse(rules).stable_state:
+        raise RulesError(f"capacity={capacity!r} keeps each voice's state in an arena laid out at the capacity: it "
+                         f"needs rule S (S, SR or SRc; rules {rules!r} keep stock's own state)")
     return tuple(sorted(set(values)))
