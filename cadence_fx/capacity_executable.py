@@ -1,4 +1,4 @@
-"""One executable for every prompt length up to a capacity (architecture item 4, rule S, CPU-tested).
+"""One executable for every prompt length up to a capacity (architecture item 4; rules S, SR, SRc).
 
 ``capacity_executable(adapter_at_capacity, steps)`` builds each catalog entry once: its
 symbolic step rewritten by ``passes.capacity.capacity_form`` at the adapter's dims (the
@@ -24,7 +24,8 @@ needs only the checks at its own length (``check_dims``, the hazard check) for e
 chunk whose state is off the catalog (after a window sent during the warm-up), or whose
 shape's shared graph does not serve the stream's length (another branch class of the
 model's code), gets a program traced at its exact shapes for that stream alone, as
-``compile_executable``'s variants do.  Rules R (capture) and the program cache come next.
+``compile_executable``'s variants do.  Under SR/SRc each graph is lowered for replay too and
+captured per session (``capacity_executable``'s ``rules``); the program cache comes next.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from cadence_fx.errors import SpecializationRefused
 from cadence_fx.integrations import stepaudio2 as s2
 from cadence_fx.integrations.stepaudio2.session import Token2WavSession
 from cadence_fx.lockstep import compare_streams
+from helpers.marks import cuda
 from helpers.mini_token2wav import catalog_steps, mini_tail
 
 CPU = torch.device("cpu")
@@ -289,6 +290,22 @@ def test_the_drop_in_runs_new_voices_on_capacity_graphs_exact(t2w_mini, shared):
         assert {cplan.attention for _, cplan, _ in cexe.graphs.values()} == {"probed"}
 
 
+def test_capacity_graphs_partition_into_one_piece_around_their_host_sizes(shared):
+    """What rules R capture of each capacity graph (``preview_partition``: the op-level
+    verdicts): every capacity op is capturable, and the only eager nodes are the dims' check
+    and the host sizes, hoisted to the graph's head in one island, so what follows them is
+    one piece."""
+    from cadence_fx.compiler import preview_partition
+    opt, cexe = shared
+    exe = at_length(cexe, opt.adapter_for(82, s2.synthetic_prompt(41, seed=41)[2]))
+    records = preview_partition(exe)
+    assert sorted(records) == sorted(cexe.graphs)
+    for idx, record in records.items():
+        eager = [name for name, capturable, _ in record.regions if not capturable]
+        assert len(eager) == 1 and len(record.regions) <= 3, (idx, record.regions)
+        assert {v.node.rstrip("_0123456789") for v in record.islands} == {"within", "host_size"}, (idx, record)
+
+
 def test_capacity_options_are_checked():
     import cadence_fx
     from helpers.mini_token2wav import mini_tail
@@ -368,3 +385,53 @@ def test_a_build_that_needs_the_foreground_is_not_remembered_as_refused(shared, 
     with bare._building:  # the stream's chunk runs eagerly, and nothing is remembered for the shape
         program, why = variants.get(other, {})
     assert program is None and "another stream is building" in why and variants.stats()["refused"] == {}
+
+
+@cuda
+def test_capacity_graphs_replay_exactly_under_src():
+    """Rules SRc on capacity graphs (the released Token2Wav, 5 flow steps, fp32): two voices
+    of new lengths on one capacity's graphs, each captured on its own session, every chunk
+    replayed and exact against the stock tail: warm-up, growth, the trim, steady chunks, an
+    11-token window and a 7-token flush on the capacity's shared graphs; the second voice
+    is one the flush's shared graph refuses (its other branch class in the prompt), whose
+    flush gets a program of its own."""
+    import cadence_fx
+    from cadence_fx.capacity_executable import SharedGraph
+    from cadence_fx.passes.capacity import check_dims
+    from helpers.marks import deterministic_protocol_restored
+    device = torch.device("cuda")
+    with deterministic_protocol_restored():
+        flow, hift = s2.build_modules(0)
+        tail = s2.Token2WavTail(flow.cuda(), hift.cuda(), n_timesteps=5)
+        opt = cadence_fx.optimize(tail, rules="SRc", capacity=(256,), off_catalog="specialize")
+        chunks = [(_tokens(28, 40 + i), False) for i in range(4)] + [(_tokens(11, 45), False), (_tokens(7, 46), True)]
+        flush = "entry 2 | token (1, 7), spk (1, 192) | last_chunk"
+        voices, held = [111], {}  # 222 frames; then one of the flush's other class
+        for p in voices:
+            prompt = s2.synthetic_prompt(p, seed=p, device="cuda")
+            tail.set_stream_cache(*prompt)
+            session = opt.open_session(*prompt)
+            report = compare_streams(tail, session, chunks, device, seed=p)
+            assert report["exact"], (p, report["mismatches"])
+            routes = [c["route"] for c in report["per_chunk"]]
+            assert all(r.startswith("replay") for r in routes), (p, routes)
+            assert session.session.executable.notes.get("capacity") == {"prompt_frames": 256}, p
+            held[p] = {k: v["how"] for k, v in session.stats()["specializations"]["held"].items()}
+            session.close()
+            if len(voices) == 1:
+                (cexe,) = opt._capacities.values()
+                (graph,) = [g for k, g in cexe.shared.items() if isinstance(g, SharedGraph) and k[2]]  # the flush
+
+                def refused(t: int) -> bool:
+                    try:
+                        check_dims(graph.plan, graph.sym, {"prompt_frames": 2 * t})
+                    except SpecializationRefused:
+                        return True
+                    return False
+                voices.append(next(t for t in range(76, 128) if refused(t) and (2 * t + 49) % 25))
+        assert held[111][flush].startswith("the capacity's shared graph"), held
+        assert held[voices[1]][flush].startswith("this stream's own (traced)"), held
+        stats = opt.capacity_stats()
+        assert stats["refused"] == {}, stats
+        shared = stats["built"]["256 mel frames"]
+        assert {"entry 2 | token (1, 11), spk (1, 192)", flush} <= set(shared["held"]), shared
