@@ -1,4 +1,4 @@
-"""New voices through the drop-in, per prompt length against ``capacity=``, each against stock (rule S).
+"""New voices through the drop-in, per prompt length against ``capacity=``, each against stock (``--rules``).
 
 Real duplex services take a new voice prompt per session (75-250 tokens).  Without
 ``capacity`` each new length is compiled for itself (a specialization of the model's
@@ -15,6 +15,7 @@ every state tensor: ``lockstep.compare_streams``).  Per variant and voice: set-u
 median, routes, the arena's bytes; overall medians, paired ratios, and ``exact``.
 
     python benchmarks/capacity_voices.py --n-timesteps 2 --capacity 500 --prompt-tokens 90,111,150,188,237
+    python benchmarks/capacity_voices.py --device cuda --rules SRc --n-timesteps 5 --capacity 500 ...
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ def _voice(opt, stock, n: int, args, device: torch.device) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cpu")
+    p.add_argument("--rules", default="S", help="S, SR or SRc (capacity graphs need S)")
     p.add_argument("--n-timesteps", type=int, default=2)
     p.add_argument("--capacity", type=int, default=500, help="prompt frames")
     p.add_argument("--trace-tokens", type=int, default=75, help="the warm-up voice (not measured with the others)")
@@ -101,11 +103,11 @@ def main(argv=None) -> int:
     cache = tempfile.mkdtemp(prefix="cfx-capacity-voices-")  # both variants: one trace of each step
     out = {"torch": torch.__version__, "device": str(device), "threads": torch.get_num_threads(),
            "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None,
-           "n_timesteps": args.n_timesteps, "capacity": args.capacity, "turn": {
+           "n_timesteps": args.n_timesteps, "rules": args.rules, "capacity": args.capacity, "turn": {
                "steady": args.steady, "window": args.window, "flush": args.flush, "turns": args.turns},
            "variants": {}}
     for name, options in (("per-length", {}), ("capacity", {"capacity": args.capacity})):
-        opt = cadence_fx.optimize(stock, rules="S", cache=cache, off_catalog="specialize", **options)
+        opt = cadence_fx.optimize(stock, rules=args.rules, cache=cache, off_catalog="specialize", **options)
         t0 = time.perf_counter()
         warm = _voice(opt, stock, args.trace_tokens, argparse.Namespace(**{**vars(args), "turns": 1}), device)
         warm["wall_s"] = round(time.perf_counter() - t0, 1)
@@ -115,7 +117,8 @@ def main(argv=None) -> int:
         routes = [r for v in voices for r in v["routes"]]
         out["variants"][name] = {
             "warm_up": warm, "voices": voices, "exact": warm["exact"] and all(v["exact"] for v in voices),
-            "program_share": round(sum(r.startswith("graph") for r in routes) / len(routes), 4),
+            "program_share": round(sum(r.startswith(("graph", "replay")) for r in routes) / len(routes), 4),
+            "replayed_share": round(sum(r.startswith("replay") for r in routes) / len(routes), 4),
             "setup_s_p50": statistics.median(v["setup_s"] for v in voices),
             "ttfa_ms_p50": statistics.median(v["ttfa_ms"] for v in voices),
             "stock_ttfa_ms_p50": statistics.median(v["stock_ttfa_ms"] for v in voices),
@@ -135,7 +138,7 @@ def main(argv=None) -> int:
                                                    for c, p_ in zip(cap["voices"], per["voices"])), 3)}
     print(json.dumps({"exact": out["exact"], "paired": out["paired"],
                       **{f"{k}_{n}": v[k] for n, v in out["variants"].items()
-                         for k in ("program_share", "setup_s_p50", "ttfa_ms_p50", "stock_ttfa_ms_p50",
+                         for k in ("program_share", "replayed_share", "setup_s_p50", "ttfa_ms_p50", "stock_ttfa_ms_p50",
                                    "chunk_ms_p50", "arena_bytes_max")}}), flush=True)
     if args.json:
         with open(args.json, "w") as f:
