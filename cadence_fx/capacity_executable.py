@@ -396,6 +396,58 @@ def _build_shared(cexe: CapacityExecutable, key: VariantKey, inputs: Mapping[str
     return SharedGraph(run, cplan, bound, own_bytes(gm, adapter), 0.0, how, gm)
 
 
+def chunk_inputs(adapter, lengths: Mapping[str, int]) -> dict:
+    """The adapter's example inputs with each axis ``adapter.symbolic_inputs()`` names at the
+    length ``lengths`` gives its dim (Token2Wav: ``{"chunk_tokens": 11}``: an 11-token
+    window), their values the examples' tiled (valid ids for a token input), contiguous."""
+    out = {}
+    for name, t in adapter.example_inputs().items():
+        for axis, d in adapter.symbolic_inputs().get(name, {}).items():
+            if d in lengths:
+                n = int(lengths[d])
+                if n < 1:
+                    raise CadenceError(f"{d}={n}: a chunk's length is at least 1")
+                t = t.index_select(axis, torch.arange(n, device=t.device) % t.shape[axis])
+        out[name] = t.contiguous()
+    return out
+
+
+def prepare(cexe: CapacityExecutable, shapes, entry: int | None = None,
+            say: Callable[[str], None] | None = None) -> dict:
+    """Build the shared graphs of ``shapes`` before any stream sends them (a server's start:
+    each turn-end window and flush length it will see), at catalog entry ``entry``'s state
+    (default: the steady one, where a turn's window and flush come).  ``shapes``: ``(inputs,
+    flags)`` pairs (``chunk_inputs`` makes the inputs).  Returns ``{label: how}``: ``"held"``
+    (built before), ``"built in S s"``, or why none serves (also remembered, as a stream's
+    first sight of it would be).  One shape at a time, each reported through ``say``."""
+    say = say or cexe.say
+    plan = cexe.plan
+    index = plan.catalog[-1].index if entry is None else plan.catalog[entry].index
+    sig = cexe.signature
+    shapes = list(shapes)
+    own = {n: tuple(t.shape) for n, t in cexe.adapter.example_inputs().items()}
+    out = {}
+    for i, (inputs, flags) in enumerate(shapes):
+        key = VariantKey.of(index, {}, (), inputs, sig.inputs, flags)
+        label = _label(_shape(key))
+        if not key.flags and all(tuple(inputs[n].shape) == own[n] for n in sig.inputs):
+            out[label] = "the catalog's own chunk"
+            continue
+        with cexe._lock:
+            held = isinstance(cexe.shared.get(_shape(key)), SharedGraph)
+        if held:
+            out[label] = "held"
+            continue
+        say(f"shared graph {i + 1}/{len(shapes)}: {label}")
+        t0 = time.perf_counter()
+        try:
+            shared_variant(cexe, key, inputs)
+            out[label] = f"built in {time.perf_counter() - t0:.1f} s"
+        except (VariantRefused, VariantBusy) as e:
+            out[label] = str(e)
+    return out
+
+
 def class_capacity(adapter, programs, upto: int, say: Callable[[str], None] | None = None) -> tuple:
     """For a stream of ``adapter`` (at its length ``s`` of its one symbolic dim) that a
     capacity's graphs refuse for another branch class of the model's code: ``(c, steps)``,
@@ -490,4 +542,4 @@ def hazards_at(gm: fx.GraphModule, slots: Mapping[str, tuple], device, inputs: l
 
 __all__ = ["CapacityExecutable", "CapacityPlan", "SharedGraph", "at_length", "capacity_executable",
            "class_capacity",
-           "at_stream", "extents_at", "hazards_at", "shared_variant"]
+           "at_stream", "chunk_inputs", "extents_at", "hazards_at", "prepare", "shared_variant"]

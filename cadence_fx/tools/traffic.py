@@ -97,6 +97,9 @@ def add_args(p) -> None:
     p.add_argument("--capacity", type=_frames, default=None, metavar="FRAMES[,FRAMES]",
                    help="rules with S: every voice up to FRAMES prompt mel frames on one set of graphs (optimize(..., "
                         "capacity=...)); a longer voice, or one no capacity serves, is built for its own length")
+    p.add_argument("--prepare", action="store_true",
+                   help="--capacity: before the first conversation, build the shared graphs of every window and "
+                        "flush length the ranges allow (opt.prepare_capacity; timed apart: report prepare)")
     p.add_argument("--background", action="store_true",
                    help="build each new voice's graphs on a worker thread while its chunks run the exact eager "
                         "path (optimize(..., background=True)); the first voice still builds at its set-up")
@@ -156,6 +159,8 @@ def run(args) -> int:
     from .bench.stats import percentile
     if args.conversations < 1 or args.turns < 1:
         raise SystemExit("--conversations and --turns must be >= 1")
+    if args.prepare and args.capacity is None:
+        raise SystemExit("--prepare builds the shared graphs of a capacity: give --capacity too")
     if not (args.stagger_s >= 0):  # also NaN
         raise SystemExit(f"--stagger-s must be a number of seconds >= 0; got {args.stagger_s}")
     spec = model_of(args)
@@ -178,6 +183,7 @@ def run(args) -> int:
         if not hasattr(opt, "set_capacity"):
             raise SystemExit(f"--capacity: the optimized {spec.name} has no capacity graphs")
         opt.set_capacity(args.capacity)  # restored below (the model is kept for later commands)
+    prepared = _prepare(args, opt, ranges, chunk.lookahead, say) if args.prepare else None
     if args.background:
         if not hasattr(opt, "set_background"):
             raise SystemExit(f"--background: the optimized {spec.name} does not build in the background")
@@ -210,6 +216,7 @@ def run(args) -> int:
             if args.idle:  # every other conversation is between two of its chunks now
                 idle.append(_idle(live, device))
     report = _report(args, rules, convos, live, rows, device, percentile, idle)
+    report["prepare"] = prepared
     for c in live.values():
         c["session"].close()
     if args.background:
@@ -219,6 +226,19 @@ def run(args) -> int:
     foreground.set_build_share(old_share)
     _emit(args, report)
     return 0 if report["exact"] else 1
+
+
+def _prepare(args, opt, ranges, lookahead: int, say) -> dict:
+    """``--prepare``: ``opt.prepare_capacity`` for the ranges' windows (+ lookahead) and flushes."""
+    (w_lo, w_hi), (f_lo, f_hi) = ranges["window"], ranges["flush"]
+    t0 = time.perf_counter()
+    built = opt.prepare_capacity(range(w_lo + lookahead, w_hi + lookahead + 1), range(f_lo, f_hi + 1))
+    hows = [h for per in built.values() if isinstance(per, dict) for h in per.values()]
+    if say:
+        say(f"prepared {len(hows)} window and flush shapes in {time.perf_counter() - t0:.1f} s")
+    return {"s": round(time.perf_counter() - t0, 2), "shapes": len(hows),
+            "served": sum(h == "held" or h.startswith(("built", "the catalog's own")) for h in hows),
+            "by_capacity": built}
 
 
 def _open(spec, args, c: Conversation, stock, opt, device, say) -> dict:

@@ -15,7 +15,9 @@ def markdown(report: dict) -> str:
              "", f"fallbacks: {report['fallbacks'] or 'none'}", "",
              f"off-catalog chunks: {report['off_catalog']}; capacity {report.get('capacity') or 'none'} (prompt "
              f"frames on one set of graphs); specializations built {report['specializations']['built']} "
-             f"in {report['specializations']['build_s']} s, captured in {report['specializations']['capture_s']} s",
+             f"in {report['specializations']['build_s']} s, captured in {report['specializations']['capture_s']} s"
+             + (f"; prepared before the traffic: {report['prepare']['served']}/{report['prepare']['shapes']} window "
+                f"and flush shapes in {report['prepare']['s']} s" if report.get("prepare") else ""),
              "", f"background builds: {report['background']} (share of the host while chunks run: "
              f"{report['build_share']}); idle time between chunks: {report['idle']}"
              + (f" ({report['idle_s']} s in all, {report['captured_idle']} entries captured there)"

@@ -306,6 +306,40 @@ def test_capacity_graphs_partition_into_one_piece_around_their_host_sizes(shared
         assert {v.node.rstrip("_0123456789") for v in record.islands} == {"within", "host_size"}, (idx, record)
 
 
+def test_prepare_builds_window_and_flush_graphs_before_any_voice(t2w_mini, shared):
+    """``prepare_capacity`` (a server's start): the capacity's shared graphs of each window and
+    flush length asked for, at the steady state; the catalog's own chunk is not built again.
+    A voice's window and flush of those lengths then build nothing, every chunk exact; a
+    second call finds them held.  Bad lengths and a model without a capacity: clear errors."""
+    import cadence_fx
+    opt = cadence_fx.optimize(t2w_mini.tail, capacity=(CAPACITY,), off_catalog="specialize")
+    _, cexe = shared
+    opt._capacities[(CAPACITY, (1, 192), torch.float32)] = cexe
+    window, own, flush = ("entry 2 | token (1, 9), spk (1, 192)", "entry 2 | token (1, 28), spk (1, 192)",
+                          "entry 2 | token (1, 4), spk (1, 192) | last_chunk")
+    before = cexe.stats()["built"]
+    got = opt.prepare_capacity(windows=[9, 28], flushes=[4])[f"{CAPACITY} mel frames"]
+    assert set(got) == {window, own, flush} and got[own] == "the catalog's own chunk", got
+    assert got[window].startswith("built in ") and got[flush].startswith("built in "), got
+    assert cexe.stats()["built"] == before + 2
+    prompt = s2.synthetic_prompt(43, seed=43)
+    session = opt.open_session(*prompt)
+    t2w_mini.tail.set_stream_cache(*prompt)
+    chunks = [(_tokens(28, 60 + i), False) for i in range(3)] + [(_tokens(9, 63), False), (_tokens(4, 64), True)]
+    report = compare_streams(t2w_mini.tail, session, chunks, CPU, seed=43)
+    assert report["exact"], report["mismatches"]
+    routes = [c["route"] for c in report["per_chunk"]]
+    assert routes[3:] == [f"graph specialization {window}", f"graph specialization {flush}"], routes
+    assert cexe.stats()["built"] == before + 2  # the voice built nothing
+    session.close()
+    assert opt.prepare_capacity(windows=[9], flushes=[4])[f"{CAPACITY} mel frames"] == {window: "held", flush: "held"}
+    for bad in ([0], [2.5], [True]):
+        with pytest.raises(cadence_fx.CadenceError, match="token lengths"):
+            opt.prepare_capacity(windows=bad)
+    with pytest.raises(cadence_fx.CadenceError, match="no capacity is set"):
+        cadence_fx.optimize(t2w_mini.tail, off_catalog="specialize").prepare_capacity()
+
+
 def test_capacity_options_are_checked():
     import cadence_fx
     from helpers.mini_token2wav import mini_tail

@@ -93,12 +93,14 @@ def test_traffic_is_exact_and_every_chunk_runs_the_program(small, capsys, tmp_pa
 def test_traffic_on_capacity_graphs_is_exact_and_restores_the_models_setting(small, capsys):
     """``--capacity``: both voices (14 and 16 prompt frames: lengths no other test here has
     compiled, whose executables the kept model would hold) run the graphs of one capacity
-    (20 frames), windows and flushes on its shared graphs; exact, every chunk the program's;
-    the kept model's own setting comes back after."""
+    (20 frames), windows and flushes on its shared graphs, every one built before the traffic
+    (``--prepare``: windows of 11-13 tokens with the lookahead, flushes of 3-5); exact, every
+    chunk the program's; the kept model's own setting comes back after."""
     code = cli.main(["traffic", "--model", SMALL, "--n-timesteps", "2", "--conversations", "2", "--turns", "1",
                      "--prompt-range", "7,8", "--steady-range", "2,2", "--window-range", "8,10", "--flush-range",
-                     "3,5", "--capacity", "20", "--json", "--quiet"])
+                     "3,5", "--capacity", "20", "--prepare", "--json", "--quiet"])
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["prepare"]["shapes"] == report["prepare"]["served"] == 6, report["prepare"]
     assert code == 0 and report["exact"] is True and report["program_share"] == 1.0, (
         report["fallbacks"], report["per_conversation"])
     assert report["capacity"] == [20] and report["fallbacks"] == {}
@@ -107,8 +109,11 @@ def test_traffic_on_capacity_graphs_is_exact_and_restores_the_models_setting(sma
     assert not any(exe.notes.get("capacity") for exe in small.opt._executables.values())  # let go with it
     shared = stats["built"]["20 mel frames"]
     assert shared["held"] and shared["refused"] == {}, shared  # the windows' and flushes' shapes, for both voices
+    assert shared["built"] == 6, shared  # all before the traffic: its voices built none
     with pytest.raises(SystemExit):
         cli.main(["traffic", "--model", SMALL, "--capacity", "2x0"])
+    with pytest.raises(SystemExit, match="give --capacity too"):
+        cli.main(["traffic", "--model", SMALL, "--prepare"])
 
 
 def test_the_warm_up_voices_are_two_adjacent_free_lengths_never_both_of_token2wavs_rare_class():

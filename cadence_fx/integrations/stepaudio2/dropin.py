@@ -15,7 +15,7 @@ from ...runtime.variants import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, DEFAULT_
 from ..dropin import DEFAULT_MAX_EXECUTABLES, DropIn
 from ..frames import speech_out
 from .adapter import STOCK_BUFFERS, Token2WavAdapter, module_buffer
-from .inputs import check_prompt
+from .inputs import SPK_DIM, check_prompt
 from .session import Token2WavSession, step_chunk
 from .stock import FlowPlacement, StepConfig, Token2WavTail
 
@@ -203,6 +203,38 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
                 for key in [k for k, exe in self._executables.items() if exe.notes.get("capacity")]:
                     del self._executables[key]
         self.capacity = new
+
+    def prepare_capacity(self, windows=range(4, 29), flushes=range(1, 29), spk_dtype=torch.float32) -> dict:
+        """Before any voice arrives (a server's start): each capacity's graphs, and the shared
+        graphs of a window of each token length in ``windows`` (lookahead included) and a flush
+        of each length in ``flushes`` at the steady state, where a turn ends: a voice's first
+        window or flush of those lengths then builds nothing.  ``spk_dtype``: the speaker
+        vectors' dtype the voices will bring (capacities are kept per dtype).  With
+        ``progress``, a line per shape.  Returns, per capacity, ``{shape: how}``
+        (``capacity_executable.prepare``: held, built in S s, or why none serves), or why
+        that capacity has no graphs.  A voice in another branch class of the model's code
+        still builds its class's (or its own) graphs when it comes."""
+        from ...capacity_executable import chunk_inputs, prepare
+        if not self.capacity:
+            raise CadenceError("prepare_capacity: no capacity is set (optimize(..., capacity=...) or set_capacity)")
+        lengths = {}
+        for name, values in (("windows", windows), ("flushes", flushes)):
+            values = list(values)
+            if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in values):
+                raise CadenceError(f"prepare_capacity: {name} must be token lengths (ints >= 1); got {values!r}")
+            lengths[name] = values
+        spk = torch.zeros(1, SPK_DIM, device=self.device, dtype=spk_dtype)
+        out = {}
+        for cap in self.capacity:
+            cexe = self._capacity(cap, spk, None)
+            if isinstance(cexe, str):
+                out[f"{cap} mel frames"] = cexe
+                continue
+            shapes = [(chunk_inputs(cexe.adapter, {"chunk_tokens": n}), {}) for n in lengths["windows"]]
+            shapes += [(chunk_inputs(cexe.adapter, {"chunk_tokens": n}), {"last_chunk": True})
+                       for n in lengths["flushes"]]
+            out[f"{cap} mel frames"] = prepare(cexe, shapes, say=self.progress)
+        return out
 
     def capacity_stats(self) -> dict:
         """Per capacity: its shared off-catalog graphs (``CapacityExecutable.stats``) or why it
