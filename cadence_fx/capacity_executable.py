@@ -43,13 +43,14 @@ from . import step as meta
 from .errors import CadenceError, NeedsForeground, PassError, RulesError, SpecializationRefused, TraceError
 from .foreground import forked_rng, in_background
 from .passes import aliasing, capacity_ops
-from .compiler import (_variant_builder, build_plan, extents_in_slots, lowered_copy, own_bytes, region_bindings,
-                       region_buffers, rewrite_pipeline, traced_extents, variant_entry)
+from .compiler import (_variant_builder, build_plan, check_rules, extents_in_slots, lowered_copy, own_bytes,
+                       region_bindings, region_buffers, rewrite_pipeline, traced_extents, variant_entry)
 from .passes.capacity import at_dims, attention_probe, capacity_form, check_dims
 from .passes.capacity_plan import CapacityPlan
 from .passes.specialize import _value, bind_dims, check_guards
 from .passes.trace_symbolic import SymbolicStep, SymTensor
 from .programs.entry import symbolic_entry
+from .runtime import device_work
 from .runtime.arena import Arena, copy_strided
 from .runtime.session import EntryProgram, Executable
 from .runtime.variants import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, VariantBusy, VariantKey, VariantRefused, Variants
@@ -61,7 +62,8 @@ DEFAULT_MAX_SHARED = 64
 
 @dataclasses.dataclass
 class CapacityExecutable:
-    """Each catalog entry's capacity-form graph (after the rule-S passes), at ``dims``."""
+    """Each catalog entry's capacity-form graph (after the rule-S passes; under SR/SRc lowered
+    for replay from a copy, the rule-S graph in ``checked``), at ``dims``."""
 
     plan: Any  # the plan at the capacity (its arena layout is every stream's)
     graphs: dict  # entry index -> (GraphModule, CapacityPlan, SymbolicStep)
@@ -97,7 +99,8 @@ class CapacityExecutable:
 
 @dataclasses.dataclass
 class SharedGraph:
-    """One off-catalog shape's capacity graph (after the rule-S passes), every stream's."""
+    """One off-catalog shape's capacity graph (after the rule-S passes; under SR/SRc lowered for
+    replay, the rule-S graph in ``checked``), every stream's."""
 
     gm: fx.GraphModule
     plan: CapacityPlan
@@ -122,7 +125,7 @@ def capacity_executable(adapter, steps: "Mapping[int, SymbolicStep] | None" = No
                         programs=None, say: Callable[[str], None] | None = None,
                         max_shared: int = DEFAULT_MAX_SHARED, rules: "str | Rules" = "S") -> CapacityExecutable:
     """Every catalog entry of ``adapter`` (made at the capacity: its symbolic dims' values)
-    from ``steps`` (entry index -> its symbolic step), rule S; ``steps=None``: each entry's
+    from ``steps`` (entry index -> its symbolic step), under ``rules``; ``steps=None``: each entry's
     symbolic step that serves the capacity, looked up in ``programs`` or traced there
     (``programs.entry.symbolic_entry``: the branch class of the capacity's length).
     ``programs``: the model's ``ProgramStore``, where an off-catalog chunk's symbolic step
@@ -143,6 +146,7 @@ def capacity_executable(adapter, steps: "Mapping[int, SymbolicStep] | None" = No
     rules = Rules.parse(rules)
     if not rules.stable_state:
         raise RulesError(f"capacity graphs keep the state in the arena: rules {str(rules)!r} need S")
+    check_rules(rules, torch.device(adapter.device))
     if steps is None and programs is None:
         raise CadenceError("capacity_executable needs the catalog's symbolic steps or the model's ProgramStore")
     device = torch.device(adapter.device)
@@ -195,8 +199,13 @@ def at_length(cexe: CapacityExecutable, adapter, check_hazards: bool = True, off
     ``Variants`` (``compile_executable``'s): under ``"specialize"`` (the default here: a
     shape's graph is built once for every stream) a window or flush at a catalog entry's
     state runs the shared graph of its shape (``shared_variant``, built on first use).  A
-    stream's check of a shared graph already held is quick (``Variants.quick``): it is made on
-    the stream's thread even while builds go to the background, so the chunk runs the graph."""
+    stream's check of a shared graph already held that serves its length is quick
+    (``Variants.quick``): it is made on the stream's thread even while builds go to the
+    background, so the chunk runs the graph (and where the hazard check refuses it there, the
+    chunk runs eagerly: no trace of the stream's own on a chunk).  A shape whose shared graph
+    does not serve the length gets a program of the stream's own, traced; while builds go to
+    the background that trace needs the foreground, so there the chunk runs eagerly, counted
+    (``stats()["specializations"]["foreground_only"]``)."""
     plan_here = build_plan(adapter)
     dims = {d: int(adapter.dims()[d]) for d in cexe.dims}
     if [e.index for e in plan_here.catalog] != sorted(cexe.graphs):
@@ -208,8 +217,8 @@ def at_length(cexe: CapacityExecutable, adapter, check_hazards: bool = True, off
         check_dims(cplan, sym, dims)
         lengths = [torch.tensor(dims[d], device=cexe.device) for d in sym.dims]
         if check_hazards:
-            problems = _hazards(cexe.checked.get(entry.index, gm), cexe, list(adapter.example_inputs().values()),
-                                dims, lengths)
+            problems = _hazards(_checked(cexe, cexe.checked.get(entry.index), gm), cexe,
+                                list(adapter.example_inputs().values()), dims, lengths)
             if problems:
                 raise PassError(f"entry {entry.index} at {dims}: the arena's state is overwritten before it is "
                                 f"read: {problems[0]}")
@@ -218,7 +227,7 @@ def at_length(cexe: CapacityExecutable, adapter, check_hazards: bool = True, off
     sig = cexe.signature
     plan = dataclasses.replace(plan_here, layout=cexe.plan.layout)  # the capacity's arena, this length's extents
     builder = _stream_builder(cexe, adapter, plan, dims, check_hazards)
-    variants = Variants(builder, off_catalog, max_specializations, max_specialization_bytes)
+    variants = builder.variants = Variants(builder, off_catalog, max_specializations, max_specialization_bytes)
     variants.quick = builder.quick
     return Executable(plan, programs, sig.inputs, sig.outputs, tuple(sig.regions), cexe.rules,
                       {"capacity": dict(cexe.dims), "at": dims}, variants=variants)
@@ -242,6 +251,12 @@ def _stream_builder(cexe: CapacityExecutable, adapter, plan, dims: Mapping[str, 
             return on_shared(key, inputs)
         except VariantRefused as e:
             why = str(e)
+        variants = getattr(build, "variants", None)
+        if variants is not None and variants.background is not None and not in_background():
+            # the quick path (a held graph that serves this length, then refused by the hazard
+            # check here): a trace of this stream's own would make the chunk wait for it
+            raise VariantRefused(f"{why}; a program of this stream's own is not traced on a chunk while builds go "
+                                 f"to the background")
         try:
             program, nbytes, how = own(key, inputs)
         except NeedsForeground:
@@ -256,7 +271,7 @@ def _stream_builder(cexe: CapacityExecutable, adapter, plan, dims: Mapping[str, 
         lengths = [torch.tensor(dims[d], device=cexe.device) for d in shared.sym.dims]
         if check_hazards:
             example = [copy_strided(inputs[n]) for n in cexe.signature.inputs]
-            problems = _hazards(shared.checked or shared.gm, cexe, example, dims, lengths)
+            problems = _hazards(_checked(cexe, shared.checked, shared.gm), cexe, example, dims, lengths)
             if problems:
                 raise VariantRefused(f"{key.label()} at {dims}: the arena's state is overwritten before it is read: "
                                      f"{problems[0]}")
@@ -289,6 +304,16 @@ def _stream_builder(cexe: CapacityExecutable, adapter, plan, dims: Mapping[str, 
         return True
     build.quick = quick
     return build
+
+
+def _checked(cexe: CapacityExecutable, checked, gm: fx.GraphModule) -> fx.GraphModule:
+    """The rule-S graph a hazard walk reads: ``checked``, or ``gm`` itself where the rules do
+    not replay (a lowered graph's pieces are compacted: nothing there to walk)."""
+    if checked is not None:
+        return checked
+    if cexe.rules.replays:
+        raise PassError("a capacity graph lowered for replay has no rule-S graph kept for its hazard check")
+    return gm
 
 
 def _kind(rules: Rules) -> str:
@@ -400,6 +425,10 @@ def chunk_inputs(adapter, lengths: Mapping[str, int]) -> dict:
     """The adapter's example inputs with each axis ``adapter.symbolic_inputs()`` names at the
     length ``lengths`` gives its dim (Token2Wav: ``{"chunk_tokens": 11}``: an 11-token
     window), their values the examples' tiled (valid ids for a token input), contiguous."""
+    named = {d for axes in adapter.symbolic_inputs().values() for d in axes.values()}
+    if set(lengths) - named:
+        raise CadenceError(f"chunk_inputs: {sorted(set(lengths) - named)} is no input axis of this model "
+                           f"(its symbolic input axes: {sorted(named) or 'none'})")
     out = {}
     for name, t in adapter.example_inputs().items():
         for axis, d in adapter.symbolic_inputs().get(name, {}).items():
@@ -419,9 +448,13 @@ def prepare(cexe: CapacityExecutable, shapes, entry: int | None = None,
     (default: the steady one, where a turn's window and flush come).  ``shapes``: ``(inputs,
     flags)`` pairs (``chunk_inputs`` makes the inputs).  Returns ``{label: how}``: ``"held"``
     (built before), ``"built in S s"``, or why none serves (also remembered, as a stream's
-    first sight of it would be).  One shape at a time, each reported through ``say``."""
+    first sight of it would be).  One shape at a time, each reported through ``say``; each
+    build waits for one a stream started (``VariantBusy``) and holds the device's work lock
+    (``runtime.device_work``: no capture beside it)."""
     say = say or cexe.say
     plan = cexe.plan
+    if entry is not None and not (isinstance(entry, int) and 0 <= entry < len(plan.catalog)):
+        raise CadenceError(f"prepare: entry={entry!r} is no catalog entry (0..{len(plan.catalog) - 1})")
     index = plan.catalog[-1].index if entry is None else plan.catalog[entry].index
     sig = cexe.signature
     shapes = list(shapes)
@@ -440,11 +473,18 @@ def prepare(cexe: CapacityExecutable, shapes, entry: int | None = None,
             continue
         say(f"shared graph {i + 1}/{len(shapes)}: {label}")
         t0 = time.perf_counter()
-        try:
-            shared_variant(cexe, key, inputs)
-            out[label] = f"built in {time.perf_counter() - t0:.1f} s"
-        except (VariantRefused, VariantBusy) as e:
-            out[label] = str(e)
+        while True:
+            try:
+                with device_work.held():
+                    shared_variant(cexe, key, inputs)
+                out[label] = f"built in {time.perf_counter() - t0:.1f} s"
+            except VariantBusy:  # a stream's build of another shape: wait for it, then this one
+                with cexe._building:
+                    pass
+                continue
+            except VariantRefused as e:
+                out[label] = str(e)
+            break
     return out
 
 

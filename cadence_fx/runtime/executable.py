@@ -20,7 +20,8 @@ from .variants import Variants
 
 @dataclasses.dataclass
 class EntryProgram:
-    """What runs for one catalog entry: ``run(*inputs, *arena_regions) -> outputs``."""
+    """What runs for one catalog entry: ``run(*inputs, *extra_inputs, *arena_regions) -> outputs``,
+    inside ``context()`` where it has one."""
 
     entry: CatalogEntry
     run: Callable[..., tuple]

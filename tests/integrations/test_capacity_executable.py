@@ -340,6 +340,38 @@ def test_prepare_builds_window_and_flush_graphs_before_any_voice(t2w_mini, share
         cadence_fx.optimize(t2w_mini.tail, off_catalog="specialize").prepare_capacity()
 
 
+def test_misuse_of_the_capacity_apis_is_a_clear_error(t2w_mini, shared, monkeypatch):
+    """Replaying rules on a CPU model, a dim no input has, an entry past the catalog, a speaker
+    dtype no voice brings: each a clear error.  And on the quick path (a held shared graph
+    that serves the length, then refused by the hazard check at it) a chunk never waits for a
+    trace of the stream's own while builds go to the background: refused, eager."""
+    import cadence_fx
+    from cadence_fx import capacity_executable as ce
+    from cadence_fx.runtime.variants import VariantKey, VariantRefused
+    opt, cexe = shared
+    spk = s2.synthetic_prompt(41, seed=41)[2]
+    with pytest.raises(cadence_fx.RulesError, match="need a CUDA device"):
+        capacity_executable(opt.adapter_for(CAPACITY, spk), {}, rules="SRc")
+    with pytest.raises(cadence_fx.CadenceError, match="no input axis"):
+        ce.chunk_inputs(cexe.adapter, {"prompt_frames": 9})
+    with pytest.raises(cadence_fx.CadenceError, match="at least 1"):
+        ce.chunk_inputs(cexe.adapter, {"chunk_tokens": 0})
+    with pytest.raises(cadence_fx.CadenceError, match="no catalog entry"):
+        ce.prepare(cexe, [], entry=len(cexe.plan.catalog))
+    drop = cadence_fx.optimize(t2w_mini.tail, capacity=(CAPACITY,))
+    with pytest.raises(cadence_fx.CadenceError, match="spk_dtype"):
+        drop.prepare_capacity(spk_dtype=torch.float64)
+    inputs = ce.chunk_inputs(cexe.adapter, {"chunk_tokens": 9})
+    assert ce.prepare(cexe, [(inputs, {})])  # held, or built now
+    exe = at_length(cexe, opt.adapter_for(82, spk))
+    key = VariantKey.of(len(cexe.plan.catalog) - 1, {}, (), inputs, cexe.signature.inputs, {})
+    assert exe.variants.quick(key)
+    monkeypatch.setattr(ce, "_hazards", lambda *args: ["a read after a write (the test's)"])
+    exe.variants.background = object()  # builds go to the background: the quick path is the chunk's thread
+    with pytest.raises(VariantRefused, match="not traced on a chunk while builds go to the background"):
+        exe.variants._build(key, inputs)
+
+
 def test_capacity_options_are_checked():
     import cadence_fx
     from helpers.mini_token2wav import mini_tail

@@ -204,6 +204,7 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
                     del self._executables[key]
         self.capacity = new
 
+    @torch.inference_mode()
     def prepare_capacity(self, windows=range(4, 29), flushes=range(1, 29), spk_dtype=torch.float32) -> dict:
         """Before any voice arrives (a server's start): each capacity's graphs, and the shared
         graphs of a window of each token length in ``windows`` (lookahead included) and a flush
@@ -223,6 +224,9 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
             if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in values):
                 raise CadenceError(f"prepare_capacity: {name} must be token lengths (ints >= 1); got {values!r}")
             lengths[name] = values
+        if spk_dtype not in (torch.float32, self.dtype):
+            raise CadenceError(f"prepare_capacity: spk_dtype={spk_dtype!r}; voices bring float32 or the flow's "
+                               f"{self.dtype} speaker vectors")
         spk = torch.zeros(1, SPK_DIM, device=self.device, dtype=spk_dtype)
         out = {}
         for cap in self.capacity:
