@@ -556,7 +556,8 @@ def _stock_fallback(adapter: StreamingAdapter):
     return fallback
 
 
-def preview_partition(executable: Executable, granularity: str = "chunk", boundary=None) -> dict[int, object]:
+def preview_partition(executable: Executable, granularity: str = "chunk", boundary=None,
+                      length_free: bool = False) -> dict[int, object]:
     """What rules R would capture, per entry, from the rule-S graphs (no device needed):
     the replay pipeline's istft rewrite, then ``Partition``, on a copy of each graph.
 
@@ -571,7 +572,7 @@ def preview_partition(executable: Executable, granularity: str = "chunk", bounda
         graph.output(graph.graph_copy(program.run.graph, {}))
         copy = fx.GraphModule(program.run, graph)  # shares the constants; the executable's graph stays
         IstftWithoutHostRead()(copy)
-        out[idx] = Partition(None, granularity, boundary)(copy).record
+        out[idx] = Partition(None, granularity, boundary, length_free=length_free)(copy).record
     return out
 
 

@@ -28,7 +28,8 @@ import torch.fx as fx
 from .. import step as meta
 from ..errors import PassError
 from .base import CadencePass, PassResult, by_op, call_summary, copy_node
-from .capacity_ops import DEVICE_SIZE, FAITHFUL, MASKED_ATTENTION, MASKED_COPY, OFFSET_CAT, TO_CAPACITY
+from .capacity_ops import DEVICE_SIZE, FAITHFUL, MASKED_ATTENTION, MASKED_COPY, OFFSET_CAT, TO_CAPACITY, host_size
+from .capacity_plan import _MODE, EXACT
 
 aten = torch.ops.aten
 
@@ -163,6 +164,28 @@ class PartitionRecord:
                 f"eager nodes: {[f'{v.node} ({v.reason})' for v in self.islands][:5]}")
 
 
+def length_bound(gm: fx.GraphModule) -> dict[fx.Node, str]:
+    """The nodes of a capacity-form graph (``passes.capacity``) whose work depends on the
+    stream's length, each with why: a host size, a node that reads one (a narrow to the live
+    prefix, a faithful copy), and a node the capacity plan runs exact (at the stream's own
+    sizes).  Everything else runs at the capacity on device lengths, the same kernels at
+    every length: ``Partition(length_free=True)`` keeps only that in its pieces, so a piece
+    captured once replays for every length (architecture item 4, captures shared by voices)."""
+    out: dict[fx.Node, str] = {}
+    for n in gm.graph.nodes:
+        if n.op != "call_function":
+            continue
+        if n.target is host_size:
+            out[n] = "a host size"
+        elif any(a in out and a.target is host_size for a in n.all_input_nodes):
+            out[n] = "reads a host size"
+        elif n.meta.get(_MODE) == EXACT:
+            out[n] = "runs at the stream's own sizes"
+        elif n.target is TO_CAPACITY:
+            out[n] = "pads a value of the stream's own sizes"
+    return out  # (a capacity node never reads a padded exact value but through TO_CAPACITY: capacity_plan)
+
+
 class Partition(CadencePass):
     """requires: nothing beyond a lint-clean graph (any traced or rewritten step).
     ensures: every child carries its capturable verdict, and the region graph is
@@ -171,7 +194,8 @@ class Partition(CadencePass):
     name = "partition"
 
     def __init__(self, device_type: str | None = "cuda", granularity: str = "chunk",
-                 boundary: Callable[[fx.Node], object] | None = None, calls_apart: bool = False):
+                 boundary: Callable[[fx.Node], object] | None = None, calls_apart: bool = False,
+                 length_free: bool = False):
         if granularity not in ("chunk", "step"):
             raise PassError(f"granularity must be 'chunk' or 'step', got {granularity!r}")
         if granularity == "step" and boundary is None:
@@ -181,10 +205,16 @@ class Partition(CadencePass):
         # chunk granularity too: capture records it once and replays it at every call
         # (runtime.graphs.capture_entry); per step, every call is one already
         self.calls_apart = calls_apart
+        # a capacity graph's pieces that serve every length: what depends on it stays eager
+        self.length_free = length_free
 
     def call(self, gm: fx.GraphModule) -> PassResult:
         _alias_returned_constants(gm)
         verdicts = {n: capturability(n, self.device_type) for n in gm.graph.nodes}
+        if self.length_free:
+            for n, why in length_bound(gm).items():
+                if verdicts[n].capturable:
+                    verdicts[n] = NodeVerdict(n.name, False, f"{why} (length-free pieces)")
         apart = repeated_calls(gm) if self.calls_apart else set()
         part: dict[fx.Node, int] = {}
         current, prev = 0, None

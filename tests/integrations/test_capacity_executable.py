@@ -306,6 +306,31 @@ def test_capacity_graphs_partition_into_one_piece_around_their_host_sizes(shared
         assert {v.node.rstrip("_0123456789") for v in record.islands} == {"within", "host_size"}, (idx, record)
 
 
+def test_length_free_pieces_leave_every_length_dependent_node_eager(shared):
+    """``Partition(length_free=True)`` (captures shared by voices, next): each capacity graph's
+    host sizes, what reads them, the plan's exact nodes and the pads of their values are eager
+    islands; every piece's nodes run at the capacity on device lengths (the same kernels at
+    every length), and the islands are exactly ``length_bound``'s (nothing else is made eager)."""
+    import operator
+    from cadence_fx.compiler import preview_partition
+    from cadence_fx.passes.capacity_plan import _MODE, EXACT
+    from cadence_fx.passes.partition import length_bound
+    opt, cexe = shared
+    exe = at_length(cexe, opt.adapter_for(82, s2.synthetic_prompt(41, seed=41)[2]))
+    plain, free = preview_partition(exe), preview_partition(exe, length_free=True)
+    for idx, record in free.items():
+        gm = exe.programs[idx].run
+        bound = {n.name for n in length_bound(gm)}
+        assert bound and any(n.meta.get(_MODE) == EXACT for n in gm.graph.nodes), idx
+        islands = {v.node for v in record.islands}
+        assert islands == bound | {v.node for v in plain[idx].islands}, (idx, islands ^ bound)
+        assert all(v.reason.endswith("(length-free pieces)") for v in record.islands if v.node in bound - {
+            w.node for w in plain[idx].islands})
+        assert len(record.regions) > len(plain[idx].regions), (idx, record.regions)
+        exact = {n.name for n in gm.graph.nodes if n.meta.get(_MODE) == EXACT and n.target is not operator.getitem}
+        assert exact <= islands, (idx, exact - islands)
+
+
 def test_prepare_builds_window_and_flush_graphs_before_any_voice(t2w_mini, shared):
     """``prepare_capacity`` (a server's start): the capacity's shared graphs of each window and
     flush length asked for, at the steady state; the catalog's own chunk is not built again.
