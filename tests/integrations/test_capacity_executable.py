@@ -479,8 +479,10 @@ def test_a_build_that_needs_the_foreground_is_not_remembered_as_refused(shared, 
 
 
 @cuda
-def test_capacity_graphs_replay_exactly_under_src():
-    """Rules SRc on capacity graphs (the released Token2Wav, 5 flow steps, fp32): two voices
+@pytest.mark.parametrize("rules", ["SRc", "SR"])
+def test_capacity_graphs_replay_exactly_under_src(rules):
+    """Rules SRc (and SR: a graph per flow step) on capacity graphs (the released Token2Wav,
+    5 flow steps, fp32): two voices
     of new lengths on one capacity's graphs, each captured on its own session, every chunk
     replayed and exact against the stock tail: warm-up, growth, the trim, steady chunks, an
     11-token window and a 7-token flush on the capacity's shared graphs; the second voice
@@ -494,7 +496,7 @@ def test_capacity_graphs_replay_exactly_under_src():
     with deterministic_protocol_restored():
         flow, hift = s2.build_modules(0)
         tail = s2.Token2WavTail(flow.cuda(), hift.cuda(), n_timesteps=5)
-        opt = cadence_fx.optimize(tail, rules="SRc", capacity=(256,), off_catalog="specialize")
+        opt = cadence_fx.optimize(tail, rules=rules, capacity=(256,), off_catalog="specialize")
         chunks = [(_tokens(28, 40 + i), False) for i in range(4)] + [(_tokens(11, 45), False), (_tokens(7, 46), True)]
         flush = "entry 2 | token (1, 7), spk (1, 192) | last_chunk"
         voices, held = [111], {}  # 222 frames; then one of the flush's other class
