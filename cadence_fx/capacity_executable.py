@@ -44,7 +44,7 @@ from .errors import CadenceError, NeedsForeground, PassError, RulesError, Specia
 from .foreground import forked_rng, in_background
 from .passes import aliasing, capacity_ops
 from .compiler import (_variant_builder, build_plan, check_rules, extents_in_slots, lowered_copy, own_bytes,
-                       region_bindings, region_buffers, rewrite_pipeline, traced_extents, variant_entry)
+                       program_kind, region_bindings, region_buffers, rewrite_pipeline, traced_extents, variant_entry)
 from .passes.capacity import at_dims, attention_probe, capacity_form, check_dims
 from .passes.capacity_plan import CapacityPlan
 from .passes.specialize import _value, bind_dims, check_guards
@@ -108,7 +108,7 @@ class SharedGraph:
     nbytes: int
     build_s: float
     how: str
-    checked: Any = None  # its rule-S graph (the hazard check's); ``gm`` where the rules do not replay
+    checked: fx.GraphModule  # its rule-S graph (the hazard check's); ``gm`` itself where the rules do not replay
 
 
 def at_stream(gm: fx.GraphModule, dims: Mapping[str, int], lengths: list, entry, arena_inputs, nxt,
@@ -212,28 +212,31 @@ def at_length(cexe: CapacityExecutable, adapter, check_hazards: bool = True, off
         raise ValueError(f"the catalog at {dims} has entries {[e.index for e in plan_here.catalog]}, "
                          f"the capacity's {sorted(cexe.graphs)}")
     programs = {}
+    device_lengths = {d: torch.tensor(v, device=cexe.device) for d, v in dims.items()}  # read only: every program's
     for entry in plan_here.catalog:
         gm, cplan, sym = cexe.graphs[entry.index]
         check_dims(cplan, sym, dims)
-        lengths = [torch.tensor(dims[d], device=cexe.device) for d in sym.dims]
+        lengths = [device_lengths[d] for d in sym.dims]
         if check_hazards:
-            problems = _hazards(_checked(cexe, cexe.checked.get(entry.index), gm), cexe,
-                                list(adapter.example_inputs().values()), dims, lengths)
+            problems = _hazards(cexe.checked[entry.index], cexe, list(adapter.example_inputs().values()), dims,
+                                lengths)
             if problems:
                 raise PassError(f"entry {entry.index} at {dims}: the arena's state is overwritten before it is "
                                 f"read: {problems[0]}")
         nxt = {b.name: b.extent_out for b in region_bindings(plan_here, entry) if b.carried}
-        programs[entry.index] = at_stream(gm, dims, lengths, entry, meta.arena_inputs(gm), nxt, _kind(cexe.rules))
+        programs[entry.index] = at_stream(gm, dims, lengths, entry, meta.arena_inputs(gm), nxt,
+                                          program_kind(cexe.rules))
     sig = cexe.signature
     plan = dataclasses.replace(plan_here, layout=cexe.plan.layout)  # the capacity's arena, this length's extents
-    builder = _stream_builder(cexe, adapter, plan, dims, check_hazards)
+    builder = _stream_builder(cexe, adapter, plan, dims, device_lengths, check_hazards)
     variants = builder.variants = Variants(builder, off_catalog, max_specializations, max_specialization_bytes)
     variants.quick = builder.quick
     return Executable(plan, programs, sig.inputs, sig.outputs, tuple(sig.regions), cexe.rules,
                       {"capacity": dict(cexe.dims), "at": dims}, variants=variants)
 
 
-def _stream_builder(cexe: CapacityExecutable, adapter, plan, dims: Mapping[str, int], check_hazards: bool):
+def _stream_builder(cexe: CapacityExecutable, adapter, plan, dims: Mapping[str, int], device_lengths: Mapping,
+                    check_hazards: bool):
     """``Variants``' ``build(key, inputs)`` for one stream: the shared graph of the key's shape
     (at a catalog entry's state), checked at this stream's length; a state off the catalog,
     or a shape whose shared graph does not serve this length (another branch class of the
@@ -268,15 +271,15 @@ def _stream_builder(cexe: CapacityExecutable, adapter, plan, dims: Mapping[str, 
     def on_shared(key: VariantKey, inputs: Mapping[str, torch.Tensor]):
         shared = shared_variant(cexe, key, inputs)
         nxt = serves(key, shared)
-        lengths = [torch.tensor(dims[d], device=cexe.device) for d in shared.sym.dims]
+        lengths = [device_lengths[d] for d in shared.sym.dims]
         if check_hazards:
             example = [copy_strided(inputs[n]) for n in cexe.signature.inputs]
-            problems = _hazards(_checked(cexe, shared.checked, shared.gm), cexe, example, dims, lengths)
+            problems = _hazards(shared.checked, cexe, example, dims, lengths)
             if problems:
                 raise VariantRefused(f"{key.label()} at {dims}: the arena's state is overwritten before it is read: "
                                      f"{problems[0]}")
         program = at_stream(shared.gm, dims, lengths, variant_entry(plan, key), meta.arena_inputs(shared.gm), nxt,
-                            _kind(cexe.rules))
+                            program_kind(cexe.rules))
         return program, shared.nbytes, f"the capacity's shared graph ({shared.how})"
 
     def serves(key: VariantKey, shared: SharedGraph) -> dict:
@@ -304,20 +307,6 @@ def _stream_builder(cexe: CapacityExecutable, adapter, plan, dims: Mapping[str, 
         return True
     build.quick = quick
     return build
-
-
-def _checked(cexe: CapacityExecutable, checked, gm: fx.GraphModule) -> fx.GraphModule:
-    """The rule-S graph a hazard walk reads: ``checked``, or ``gm`` itself where the rules do
-    not replay (a lowered graph's pieces are compacted: nothing there to walk)."""
-    if checked is not None:
-        return checked
-    if cexe.rules.replays:
-        raise PassError("a capacity graph lowered for replay has no rule-S graph kept for its hazard check")
-    return gm
-
-
-def _kind(rules: Rules) -> str:
-    return "cudagraph" if rules.replays else "graph"
 
 
 def _shape(key: VariantKey) -> tuple:

@@ -150,13 +150,23 @@ def lowered_copy(gm: fx.GraphModule, rules: "str | Rules", device_type: str, bou
     rules = _rules(rules)
     if not rules.replays:
         return gm
-    graph = fx.Graph()
-    graph.output(graph.graph_copy(gm.graph, {}))
-    copy = fx.GraphModule(gm, graph)
+    copy = _graph_copy(gm)
     copy.meta.update(gm.meta)
     out, _ = PassManager(_replay_passes(rules, device_type, boundary, region), checks=[lambda g: g.graph.lint()])(copy)
     _compact(out, rules)
     return out
+
+
+def _graph_copy(gm: fx.GraphModule) -> fx.GraphModule:
+    """``gm`` with a graph of its own (nodes copied, meta with them), its constants shared."""
+    graph = fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    return fx.GraphModule(gm, graph)
+
+
+def program_kind(rules: Rules) -> str:
+    """An ``EntryProgram``'s ``kind`` under ``rules``: ``"cudagraph"`` where they replay."""
+    return "cudagraph" if rules.replays else "graph"
 
 
 def shared_calls(adapter: StreamingAdapter, rules: Rules):
@@ -286,7 +296,7 @@ def _build(adapter: StreamingAdapter, rules: "str | Rules", progress: Callable[[
         notes["rewrite"][entry.index] = "; ".join(f"{type(p).__name__}: {r.record}"
                                                    for p, r in zip(pipeline.passes, results))
         nxt = {b.name: b.extent_out for b in bindings if b.carried}
-        kind = "cudagraph" if rules.replays else "graph"
+        kind = program_kind(rules)
         _compact(gm, rules)
         entries[entry.index] = EntryProgram(entry, gm, meta.arena_inputs(gm), nxt, kind,
                                             None if rules.stable_state else specs)
@@ -341,7 +351,7 @@ def _variant_builder(adapter: StreamingAdapter, plan: Plan, rules: Rules, progra
             bindings = region_bindings(plan, entry, traced_extents(gm, plan))
             gm, _ = rewrite_pipeline(bindings, rules, device.type, adapter.step_boundary(), let_go=True)(gm)
         nxt = {b.name: b.extent_out for b in bindings if b.carried}
-        program = EntryProgram(entry, gm, meta.arena_inputs(gm), nxt, "cudagraph" if rules.replays else "graph")
+        program = EntryProgram(entry, gm, meta.arena_inputs(gm), nxt, program_kind(rules))
         size = own_bytes(gm, adapter)
         _compact(gm, rules)
         return program, size, setup["how"]
@@ -568,9 +578,7 @@ def preview_partition(executable: Executable, granularity: str = "chunk", bounda
     for idx, program in sorted(executable.programs.items()):
         if not isinstance(program.run, fx.GraphModule) or program.kind != "graph":
             continue
-        graph = fx.Graph()
-        graph.output(graph.graph_copy(program.run.graph, {}))
-        copy = fx.GraphModule(program.run, graph)  # shares the constants; the executable's graph stays
+        copy = _graph_copy(program.run)  # the executable's graph stays
         IstftWithoutHostRead()(copy)
         out[idx] = Partition(None, granularity, boundary, length_free=length_free)(copy).record
     return out
