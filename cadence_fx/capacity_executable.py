@@ -25,7 +25,9 @@ chunk whose state is off the catalog (after a window sent during the warm-up), o
 shape's shared graph does not serve the stream's length (another branch class of the
 model's code), gets a program traced at its exact shapes for that stream alone, as
 ``compile_executable``'s variants do.  Under SR/SRc each graph is lowered for replay too and
-captured per session (``capacity_executable``'s ``rules``); the program cache comes next.
+captured per session (``capacity_executable``'s ``rules``), or with ``shared_captures`` lowered
+length-free and captured once, on the capacity's working arena, for every session
+(``runtime.working``); the program cache comes next.
 """
 
 from __future__ import annotations
@@ -50,9 +52,9 @@ from .passes.capacity_plan import CapacityPlan
 from .passes.specialize import _value, bind_dims, check_guards
 from .passes.trace_symbolic import SymbolicStep, SymTensor
 from .programs.entry import symbolic_entry
-from .runtime import device_work
 from .runtime.arena import Arena, copy_strided
 from .runtime.session import EntryProgram, Executable
+from .runtime.working import WorkingArena
 from .runtime.variants import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, VariantBusy, VariantKey, VariantRefused, Variants
 from .step import Rules
 
@@ -84,17 +86,36 @@ class CapacityExecutable:
     #: entry index -> its rule-S graph (what a stream's hazard check walks; ``graphs``' own
     #: where the rules do not replay, else ``graphs``' is lowered for replay from a copy of it)
     checked: dict = dataclasses.field(default_factory=dict, repr=False)
+    #: under replay: every graph captured once on one working arena for all streams
+    #: (``runtime.working``; its graphs lowered length-free), not on each session's own
+    shared_captures: bool = False
+    _working: Any = dataclasses.field(default=None, repr=False)
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
     _building: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
 
+    def working(self) -> "WorkingArena | None":
+        """The working arena every stream's graphs run on (made on first need), or None where
+        each session captures its own (``shared_captures`` off, or rules that do not replay)."""
+        if not (self.shared_captures and self.rules.replays):
+            return None
+        with self._lock:
+            if self._working is None:
+                self._working = WorkingArena(self.plan.layout, self.device)
+            return self._working
+
     def stats(self) -> dict:
-        """The off-catalog graphs held (label -> how, seconds, bytes) and refused (label -> why)."""
+        """The off-catalog graphs held (label -> how, seconds, bytes) and refused (label -> why);
+        with shared captures, ``working_arena`` (``WorkingArena.stats``, or None before a stream)."""
         with self._lock:
             items = list(self.shared.items())
-        return {"max_shared": self.max_shared, "built": self.built, "evicted": self.evicted,
-                "held": {_label(k): {"how": v.how, "build_s": v.build_s, "bytes": v.nbytes}
-                         for k, v in items if isinstance(v, SharedGraph)},
-                "refused": {_label(k): v for k, v in items if isinstance(v, str)}}
+            working = self._working
+        out = {"max_shared": self.max_shared, "built": self.built, "evicted": self.evicted,
+               "held": {_label(k): {"how": v.how, "build_s": v.build_s, "bytes": v.nbytes}
+                        for k, v in items if isinstance(v, SharedGraph)},
+               "refused": {_label(k): v for k, v in items if isinstance(v, str)}}
+        if self.shared_captures and self.rules.replays:
+            out["working_arena"] = working.stats() if working is not None else None
+        return out
 
 
 @dataclasses.dataclass
@@ -123,7 +144,8 @@ def at_stream(gm: fx.GraphModule, dims: Mapping[str, int], lengths: list, entry,
 
 def capacity_executable(adapter, steps: "Mapping[int, SymbolicStep] | None" = None, masked_attention=False,
                         programs=None, say: Callable[[str], None] | None = None,
-                        max_shared: int = DEFAULT_MAX_SHARED, rules: "str | Rules" = "S") -> CapacityExecutable:
+                        max_shared: int = DEFAULT_MAX_SHARED, rules: "str | Rules" = "S",
+                        shared_captures: bool = False) -> CapacityExecutable:
     """Every catalog entry of ``adapter`` (made at the capacity: its symbolic dims' values)
     from ``steps`` (entry index -> its symbolic step), under ``rules``; ``steps=None``: each entry's
     symbolic step that serves the capacity, looked up in ``programs`` or traced there
@@ -138,11 +160,17 @@ def capacity_executable(adapter, steps: "Mapping[int, SymbolicStep] | None" = No
     (``compiler.lowered_copy``): its capturable pieces are captured per session, on that
     session's arena, its host sizes (``capacity_ops.host_size``) and what reads them eager
     islands or baked into a piece whose replay checks them (one session: one length).
+    ``shared_captures`` (with SR/SRc): each graph lowered length-free (``Partition(length_free=
+    True)``: every node whose work depends on the length an eager island) and captured once,
+    on the capacity's working arena, for every stream (``runtime.working``: a stream's state
+    copied onto it before each program and back after, one chunk at a time).
     ``SpecializationRefused`` where a step does not serve the capacity itself."""
     if masked_attention not in (False, True, "probe") and not callable(masked_attention):
         raise CadenceError(f"masked_attention={masked_attention!r}: False, True, 'probe' or a probe")
     if isinstance(max_shared, bool) or not isinstance(max_shared, int) or max_shared < 0:
         raise CadenceError(f"max_shared={max_shared!r} must be an int >= 0")
+    if not isinstance(shared_captures, bool):
+        raise CadenceError(f"shared_captures={shared_captures!r} must be True or False")
     rules = Rules.parse(rules)
     if not rules.stable_state:
         raise RulesError(f"capacity graphs keep the state in the arena: rules {str(rules)!r} need S")
@@ -179,9 +207,11 @@ def capacity_executable(adapter, steps: "Mapping[int, SymbolicStep] | None" = No
         with at_dims(dims):  # EarlyWriteback's check runs the graph, at the capacity
             gm, _ = rewrite_pipeline(region_bindings(plan, entry), "S", device.type)(gm)
         checked[entry.index] = gm
-        graphs[entry.index] = (lowered_copy(gm, rules, device.type, adapter.step_boundary()), cplan, sym)
+        graphs[entry.index] = (lowered_copy(gm, rules, device.type, adapter.step_boundary(),
+                                            length_free=shared_captures), cplan, sym)
     return CapacityExecutable(plan, graphs, adapter.signature, dims, device, adapter, programs, by_region,
-                              masked_attention, say, max_shared, rules=rules, checked=checked)
+                              masked_attention, say, max_shared, rules=rules, checked=checked,
+                              shared_captures=shared_captures)
 
 
 def at_length(cexe: CapacityExecutable, adapter, check_hazards: bool = True, off_catalog: str = "specialize",
@@ -232,7 +262,7 @@ def at_length(cexe: CapacityExecutable, adapter, check_hazards: bool = True, off
     variants = builder.variants = Variants(builder, off_catalog, max_specializations, max_specialization_bytes)
     variants.quick = builder.quick
     return Executable(plan, programs, sig.inputs, sig.outputs, tuple(sig.regions), cexe.rules,
-                      {"capacity": dict(cexe.dims), "at": dims}, variants=variants)
+                      {"capacity": dict(cexe.dims), "at": dims}, variants=variants, working=cexe.working())
 
 
 def _stream_builder(cexe: CapacityExecutable, adapter, plan, dims: Mapping[str, int], device_lengths: Mapping,
@@ -406,75 +436,8 @@ def _build_shared(cexe: CapacityExecutable, key: VariantKey, inputs: Mapping[str
     with at_dims(cexe.dims):  # EarlyWriteback's check runs the graph, at the capacity
         gm, _ = rewrite_pipeline(bindings, "S", cexe.device.type)(gm)
     how = f"{setup.get('how', '?')} (variant {setup.get('variant')}, program {setup.get('program')})"
-    run = lowered_copy(gm, cexe.rules, cexe.device.type, adapter.step_boundary())
+    run = lowered_copy(gm, cexe.rules, cexe.device.type, adapter.step_boundary(), length_free=cexe.shared_captures)
     return SharedGraph(run, cplan, bound, own_bytes(gm, adapter), 0.0, how, gm)
-
-
-def chunk_inputs(adapter, lengths: Mapping[str, int]) -> dict:
-    """The adapter's example inputs with each axis ``adapter.symbolic_inputs()`` names at the
-    length ``lengths`` gives its dim (Token2Wav: ``{"chunk_tokens": 11}``: an 11-token
-    window), their values the examples' tiled (valid ids for a token input), contiguous."""
-    named = {d for axes in adapter.symbolic_inputs().values() for d in axes.values()}
-    if set(lengths) - named:
-        raise CadenceError(f"chunk_inputs: {sorted(set(lengths) - named)} is no input axis of this model "
-                           f"(its symbolic input axes: {sorted(named) or 'none'})")
-    out = {}
-    for name, t in adapter.example_inputs().items():
-        for axis, d in adapter.symbolic_inputs().get(name, {}).items():
-            if d in lengths:
-                n = int(lengths[d])
-                if n < 1:
-                    raise CadenceError(f"{d}={n}: a chunk's length is at least 1")
-                t = t.index_select(axis, torch.arange(n, device=t.device) % t.shape[axis])
-        out[name] = t.contiguous()
-    return out
-
-
-def prepare(cexe: CapacityExecutable, shapes, entry: int | None = None,
-            say: Callable[[str], None] | None = None) -> dict:
-    """Build the shared graphs of ``shapes`` before any stream sends them (a server's start:
-    each turn-end window and flush length it will see), at catalog entry ``entry``'s state
-    (default: the steady one, where a turn's window and flush come).  ``shapes``: ``(inputs,
-    flags)`` pairs (``chunk_inputs`` makes the inputs).  Returns ``{label: how}``: ``"held"``
-    (built before), ``"built in S s"``, or why none serves (also remembered, as a stream's
-    first sight of it would be).  One shape at a time, each reported through ``say``; each
-    build waits for one a stream started (``VariantBusy``) and holds the device's work lock
-    (``runtime.device_work``: no capture beside it)."""
-    say = say or cexe.say
-    plan = cexe.plan
-    if entry is not None and not (isinstance(entry, int) and 0 <= entry < len(plan.catalog)):
-        raise CadenceError(f"prepare: entry={entry!r} is no catalog entry (0..{len(plan.catalog) - 1})")
-    index = plan.catalog[-1].index if entry is None else plan.catalog[entry].index
-    sig = cexe.signature
-    shapes = list(shapes)
-    own = {n: tuple(t.shape) for n, t in cexe.adapter.example_inputs().items()}
-    out = {}
-    for i, (inputs, flags) in enumerate(shapes):
-        key = VariantKey.of(index, {}, (), inputs, sig.inputs, flags)
-        label = _label(_shape(key))
-        if not key.flags and all(tuple(inputs[n].shape) == own[n] for n in sig.inputs):
-            out[label] = "the catalog's own chunk"
-            continue
-        with cexe._lock:
-            held = isinstance(cexe.shared.get(_shape(key)), SharedGraph)
-        if held:
-            out[label] = "held"
-            continue
-        say(f"shared graph {i + 1}/{len(shapes)}: {label}")
-        t0 = time.perf_counter()
-        while True:
-            try:
-                with device_work.held():
-                    shared_variant(cexe, key, inputs)
-                out[label] = f"built in {time.perf_counter() - t0:.1f} s"
-            except VariantBusy:  # a stream's build of another shape: wait for it, then this one
-                with cexe._building:
-                    pass
-                continue
-            except VariantRefused as e:
-                out[label] = str(e)
-            break
-    return out
 
 
 def class_capacity(adapter, programs, upto: int, say: Callable[[str], None] | None = None) -> tuple:
@@ -571,4 +534,4 @@ def hazards_at(gm: fx.GraphModule, slots: Mapping[str, tuple], device, inputs: l
 
 __all__ = ["CapacityExecutable", "CapacityPlan", "SharedGraph", "at_length", "capacity_executable",
            "class_capacity",
-           "at_stream", "chunk_inputs", "extents_at", "hazards_at", "prepare", "shared_variant"]
+           "at_stream", "extents_at", "hazards_at", "shared_variant"]

@@ -52,6 +52,7 @@ from .runtime.graphs import CapturedRegion
 from .runtime.pending import Build, PendingSession
 from .runtime.session import EntryProgram, Executable, Session
 from .runtime.stock_session import StockStateSession
+from .runtime.working import WorkingSession
 from .runtime.variants import (DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, DEFAULT_POLICY, VariantKey, VariantRefused,
                                Variants, check_policy)
 from .step import Rules
@@ -135,24 +136,28 @@ def rewrite_pipeline(bindings: list[RegionBinding], rules: "str | Rules" = "S", 
                        let_go=interpret.let_go_module if let_go and not KEEP_GRAPHS else None)
 
 
-def _replay_passes(rules: Rules, device_type: str, boundary, region) -> list:
+def _replay_passes(rules: Rules, device_type: str, boundary, region, length_free: bool = False) -> list:
     # istft's per-call host read would split a chunk around an eager island
     # a shared step's calls apart: each call's region replays one graph (runtime.graphs.SHARE_CALLS)
-    return [IstftWithoutHostRead(), Partition(device_type, rules.replay, boundary, calls_apart=runtime_graphs.SHARE_CALLS),
+    return [IstftWithoutHostRead(), Partition(device_type, rules.replay, boundary, calls_apart=runtime_graphs.SHARE_CALLS,
+                                              length_free=length_free),
             LowerCudaGraph(region)]
 
 
 def lowered_copy(gm: fx.GraphModule, rules: "str | Rules", device_type: str, boundary=None,
-                 region=CapturedRegion) -> fx.GraphModule:
+                 region=CapturedRegion, length_free: bool = False) -> fx.GraphModule:
     """A rule-S graph (after ``rewrite_pipeline``'s S passes) lowered for ``rules``' replay, on a
     copy: ``gm`` stays as it was (its constants shared), for what walks the unpartitioned graph
-    (``capacity_executable``'s per-length hazard check).  ``gm`` itself where ``rules`` do not replay."""
+    (``capacity_executable``'s per-length hazard check).  ``gm`` itself where ``rules`` do not replay.
+    ``length_free``: a capacity graph's pieces that serve every length (``Partition``'s), for
+    captures shared by the streams of a capacity (``runtime.working``)."""
     rules = _rules(rules)
     if not rules.replays:
         return gm
     copy = _graph_copy(gm)
     copy.meta.update(gm.meta)
-    out, _ = PassManager(_replay_passes(rules, device_type, boundary, region), checks=[lambda g: g.graph.lint()])(copy)
+    out, _ = PassManager(_replay_passes(rules, device_type, boundary, region, length_free),
+                         checks=[lambda g: g.graph.lint()])(copy)
     _compact(out, rules)
     return out
 
@@ -509,7 +514,8 @@ def open_session(executable: Executable, adapter: StreamingAdapter, *setup_args:
     """A new stream of ``executable``: its own state, its own graphs, then the model's setup.
 
     Rules with S: a zero-filled arena (the first session takes the one the entries
-    were traced on); graphs are captured on it (rules SR/SRc), then
+    were traced on); graphs are captured on it (rules SR/SRc; with a working arena, on that
+    once for every session: ``runtime.working``), then
     ``adapter.setup`` runs on modules whose region-bound buffers are arena views and
     its state is loaded into the arena.  Rules R/Rc: a ``StockStateSession``; setup
     runs on the model's own buffers and the session keeps a copy of its state.
@@ -517,7 +523,10 @@ def open_session(executable: Executable, adapter: StreamingAdapter, *setup_args:
     device = torch.device(adapter.device)
     if executable.stable_state:
         arena = executable.take_arena(device)
-        session = Session(executable, arena, adapter.fallback, {})
+        if executable.working is not None:
+            session = WorkingSession(executable, arena, adapter.fallback, {}, executable.working)
+        else:
+            session = Session(executable, arena, adapter.fallback, {})
         buffers = buffer_bindings(adapter.declaration, arena)
     else:
         session = StockStateSession(executable, _stock_fallback(adapter), device)

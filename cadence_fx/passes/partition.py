@@ -27,7 +27,7 @@ import torch.fx as fx
 
 from .. import step as meta
 from ..errors import PassError
-from .base import CadencePass, PassResult, by_op, call_summary, copy_node
+from .base import CadencePass, PassResult, by_op, call_summary, copy_node, is_view
 from .capacity_ops import DEVICE_SIZE, FAITHFUL, MASKED_ATTENTION, MASKED_COPY, OFFSET_CAT, TO_CAPACITY, host_size
 from .capacity_plan import _MODE, EXACT
 
@@ -170,7 +170,12 @@ def length_bound(gm: fx.GraphModule) -> dict[fx.Node, str]:
     prefix, a faithful copy), and a node the capacity plan runs exact (at the stream's own
     sizes).  Everything else runs at the capacity on device lengths, the same kernels at
     every length: ``Partition(length_free=True)`` keeps only that in its pieces, so a piece
-    captured once replays for every length (architecture item 4, captures shared by voices)."""
+    captured once replays for every length (architecture item 4, captures shared by voices).
+    A view that reads a host size (the trim's window of a cache, at an offset the length
+    sets) is memory at the stream's own address: what uses it is length-bound too (a view of
+    it, and the first op that reads it), so no piece takes such a view, which a capture
+    would bind at one length's address; what crosses into a piece is a value the islands
+    made, copied in before each replay."""
     out: dict[fx.Node, str] = {}
     for n in gm.graph.nodes:
         if n.op != "call_function":
@@ -183,6 +188,8 @@ def length_bound(gm: fx.GraphModule) -> dict[fx.Node, str]:
             out[n] = "runs at the stream's own sizes"
         elif n.target is TO_CAPACITY:
             out[n] = "pads a value of the stream's own sizes"
+        elif any(a in out and is_view(a) for a in n.all_input_nodes):
+            out[n] = "reads a view at the stream's own offset or size"
     return out  # (a capacity node never reads a padded exact value but through TO_CAPACITY: capacity_plan)
 
 

@@ -62,6 +62,9 @@ class Executable:
     #: rules with S: programs for the chunks the catalog does not hold (``runtime.variants``)
     variants: Variants | None = dataclasses.field(default=None, repr=False, compare=False)
     _compile_claimed: bool = dataclasses.field(default=False, repr=False, compare=False)
+    #: where its sessions run their programs, if not on their own arenas: a capacity's
+    #: ``runtime.working.WorkingArena`` (its graphs captured once for every session)
+    working: Any = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def stable_state(self) -> bool:

@@ -100,6 +100,9 @@ def add_args(p) -> None:
     p.add_argument("--prepare", action="store_true",
                    help="--capacity: before the first conversation, build the shared graphs of every window and "
                         "flush length the ranges allow (opt.prepare_capacity; timed apart: report prepare)")
+    p.add_argument("--shared-captures", action="store_true",
+                   help="--capacity, rules SR/SRc: each capacity's graphs captured once for every voice, on a working "
+                        "arena its voices' states are copied onto chunk by chunk (optimize(..., shared_captures=True))")
     p.add_argument("--background", action="store_true",
                    help="build each new voice's graphs on a worker thread while its chunks run the exact eager "
                         "path (optimize(..., background=True)); the first voice still builds at its set-up")
@@ -161,6 +164,8 @@ def run(args) -> int:
         raise SystemExit("--conversations and --turns must be >= 1")
     if args.prepare and args.capacity is None:
         raise SystemExit("--prepare builds the shared graphs of a capacity: give --capacity too")
+    if args.shared_captures and args.capacity is None:
+        raise SystemExit("--shared-captures shares a capacity's captures among its voices: give --capacity too")
     if not (args.stagger_s >= 0):  # also NaN
         raise SystemExit(f"--stagger-s must be a number of seconds >= 0; got {args.stagger_s}")
     spec = model_of(args)
@@ -179,10 +184,11 @@ def run(args) -> int:
     opt = registry.optimize(spec, stock, rules, say)
     opt.set_off_catalog(args.off_catalog)
     was_capacity, was_background = getattr(opt, "capacity", None), getattr(opt, "background", False)
+    was_shared = getattr(opt, "shared_captures", False)
     if args.capacity is not None:
         if not hasattr(opt, "set_capacity"):
             raise SystemExit(f"--capacity: the optimized {spec.name} has no capacity graphs")
-        opt.set_capacity(args.capacity)  # restored below (the model is kept for later commands)
+        opt.set_capacity(args.capacity, args.shared_captures)  # restored below (the model is kept for later commands)
     prepared = _prepare(args, opt, ranges, chunk.lookahead, say) if args.prepare else None
     if args.background:
         if not hasattr(opt, "set_background"):
@@ -222,7 +228,7 @@ def run(args) -> int:
     if args.background:
         opt.set_background(was_background)
     if args.capacity is not None:
-        opt.set_capacity(was_capacity)
+        opt.set_capacity(was_capacity, was_shared and bool(was_capacity))
     foreground.set_build_share(old_share)
     _emit(args, report)
     return 0 if report["exact"] else 1
@@ -233,7 +239,7 @@ def _prepare(args, opt, ranges, lookahead: int, say) -> dict:
     (w_lo, w_hi), (f_lo, f_hi) = ranges["window"], ranges["flush"]
     t0 = time.perf_counter()
     built = opt.prepare_capacity(range(w_lo + lookahead, w_hi + lookahead + 1), range(f_lo, f_hi + 1))
-    hows = [h for per in built.values() if isinstance(per, dict) for h in per.values()]
+    hows = [h for cap, per in built.items() if cap != "captured" and isinstance(per, dict) for h in per.values()]
     if say:
         say(f"prepared {len(hows)} window and flush shapes in {time.perf_counter() - t0:.1f} s")
     return {"s": round(time.perf_counter() - t0, 2), "shapes": len(hows),
@@ -515,7 +521,8 @@ def _report(args, rules: str, convos, live, rows, device, percentile, idle=()) -
         "conversations": len(convos), "chunks": len(rows),
         "exact": all(p["exact"] for p in per), "program_share": prog, "replayed_share": rep,
         "fallbacks": fallbacks(rows), "off_catalog": args.off_catalog, "background": args.background,
-        "capacity": list(args.capacity) if args.capacity else None,
+        "capacity": list(args.capacity) if args.capacity else None, "shared_captures": args.shared_captures,
+        "working_arenas": _working_arenas(live),
         "build_share": foreground.build_share(),
         "idle": args.idle, "idle_s": round(sum(s for s, _ in idle), 3), "captured_idle": sum(n for _, n in idle),
         "specializations": _specializations(live),
@@ -526,6 +533,17 @@ def _report(args, rules: str, convos, live, rows, device, percentile, idle=()) -
         **(_paced_report(args, rows, per, percentile) if args.pace else {"pace": False}),
         "per_conversation": per, "per_chunk": rows,
     }
+
+
+def _working_arenas(live) -> list:
+    """``--shared-captures``: each working arena the conversations ran on, its stats
+    (``runtime.working.WorkingArena.stats``: turns, copies, captures, graphs held)."""
+    seen = {}
+    for c in live.values():
+        working = getattr(c["session"].session, "working", None)
+        if working is not None:
+            seen[id(working)] = working.stats()
+    return list(seen.values())
 
 
 def _paced_report(args, rows, per, percentile) -> dict:

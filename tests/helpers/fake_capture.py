@@ -2,7 +2,10 @@
 capture (``torch.cuda.graph``, or ``capture_begin``/``capture_end`` as ``pools.recording``
 calls them) records the piece and the very tensors it ran on; ``replay`` runs the piece again
 on them and writes the results into the outputs capture returned (a graph's static
-outputs).  ``fake_capture(monkeypatch)`` installs it (and no-op streams) for one test."""
+outputs), with the host sizes of capacity graphs (``capacity_ops.at_dims``) as they were at
+capture: a graph bakes what the host computed into its kernels, so a piece that read a host
+size replays it at the capture's length whatever length the replaying stream has.
+``fake_capture(monkeypatch)`` installs it (and no-op streams) for one test."""
 
 from __future__ import annotations
 
@@ -17,14 +20,21 @@ class Recorded:
     capturing: "Recorded | None" = None
 
     def capture_begin(self, pool=None, **kwargs):  # pools.recording's way in
+        from cadence_fx.passes import capacity_ops
         self.pool = pool  # the memory pool it records into (a test reads which)
+        self.dims = capacity_ops._DIMS.get()  # the host sizes a replay sees: the capture's
         Recorded.capturing = self
 
     def capture_end(self):
         Recorded.capturing = None
 
     def replay(self):
-        out = self.run(self.piece, self.args)
+        from cadence_fx.passes import capacity_ops
+        token = capacity_ops._DIMS.set(self.dims)
+        try:
+            out = self.run(self.piece, self.args)
+        finally:
+            capacity_ops._DIMS.reset(token)
         for static, new in zip(flat(self.out), flat(out)):
             static.copy_(new)
 

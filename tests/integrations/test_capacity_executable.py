@@ -175,7 +175,7 @@ def test_a_shape_no_shared_graph_serves_runs_the_streams_own_program_or_eagerly(
     graphs either way."""
     import collections
     import dataclasses
-    from cadence_fx import capacity_executable as ce
+    from cadence_fx import capacity_executable as ce, capacity_prepare as cp
     from cadence_fx.errors import TraceError
     opt, cexe = shared
     bare = dataclasses.replace(cexe, programs=None, shared=collections.OrderedDict())
@@ -255,7 +255,7 @@ def test_the_drop_in_runs_new_voices_on_capacity_graphs_exact(t2w_mini, shared):
     from cadence_fx.runtime.variants import BUILDING
     opt = cadence_fx.optimize(t2w_mini.tail, capacity=(CAPACITY,), off_catalog="specialize", background=True)
     _, cexe = shared  # the capacity's graphs (the drop-in's own build of them: test_traffic's capacity test)
-    opt._capacities[(CAPACITY, (1, 192), torch.float32)] = cexe
+    opt._capacities[(CAPACITY, (1, 192), torch.float32, False)] = cexe
     before = cexe.stats()["built"]
     # a 6-token flush: a 7-token one has a branch class of its own in the prompt (one length in 7,
     # 76 frames among them), which its shared graph refuses (a trace of that voice's own: tested above)
@@ -339,7 +339,7 @@ def test_prepare_builds_window_and_flush_graphs_before_any_voice(t2w_mini, share
     import cadence_fx
     opt = cadence_fx.optimize(t2w_mini.tail, capacity=(CAPACITY,), off_catalog="specialize")
     _, cexe = shared
-    opt._capacities[(CAPACITY, (1, 192), torch.float32)] = cexe
+    opt._capacities[(CAPACITY, (1, 192), torch.float32, False)] = cexe
     window, own, flush = ("entry 2 | token (1, 9), spk (1, 192)", "entry 2 | token (1, 28), spk (1, 192)",
                           "entry 2 | token (1, 4), spk (1, 192) | last_chunk")
     before = cexe.stats()["built"]
@@ -371,23 +371,23 @@ def test_misuse_of_the_capacity_apis_is_a_clear_error(t2w_mini, shared, monkeypa
     that serves the length, then refused by the hazard check at it) a chunk never waits for a
     trace of the stream's own while builds go to the background: refused, eager."""
     import cadence_fx
-    from cadence_fx import capacity_executable as ce
+    from cadence_fx import capacity_executable as ce, capacity_prepare as cp
     from cadence_fx.runtime.variants import VariantKey, VariantRefused
     opt, cexe = shared
     spk = s2.synthetic_prompt(41, seed=41)[2]
     with pytest.raises(cadence_fx.RulesError, match="need a CUDA device"):
         capacity_executable(opt.adapter_for(CAPACITY, spk), {}, rules="SRc")
     with pytest.raises(cadence_fx.CadenceError, match="no input axis"):
-        ce.chunk_inputs(cexe.adapter, {"prompt_frames": 9})
+        cp.chunk_inputs(cexe.adapter, {"prompt_frames": 9})
     with pytest.raises(cadence_fx.CadenceError, match="at least 1"):
-        ce.chunk_inputs(cexe.adapter, {"chunk_tokens": 0})
+        cp.chunk_inputs(cexe.adapter, {"chunk_tokens": 0})
     with pytest.raises(cadence_fx.CadenceError, match="no catalog entry"):
-        ce.prepare(cexe, [], entry=len(cexe.plan.catalog))
+        cp.prepare(cexe, [], entry=len(cexe.plan.catalog))
     drop = cadence_fx.optimize(t2w_mini.tail, capacity=(CAPACITY,))
     with pytest.raises(cadence_fx.CadenceError, match="spk_dtype"):
         drop.prepare_capacity(spk_dtype=torch.float64)
-    inputs = ce.chunk_inputs(cexe.adapter, {"chunk_tokens": 9})
-    assert ce.prepare(cexe, [(inputs, {})])  # held, or built now
+    inputs = cp.chunk_inputs(cexe.adapter, {"chunk_tokens": 9})
+    assert cp.prepare(cexe, [(inputs, {})])  # held, or built now
     exe = at_length(cexe, opt.adapter_for(82, spk))
     key = VariantKey.of(len(cexe.plan.catalog) - 1, {}, (), inputs, cexe.signature.inputs, {})
     assert exe.variants.quick(key)
@@ -479,11 +479,12 @@ def test_a_build_that_needs_the_foreground_is_not_remembered_as_refused(shared, 
 
 
 @cuda
-@pytest.mark.parametrize("rules", ["SRc", "SR"])
-def test_capacity_graphs_replay_exactly_under_src(rules):
+@pytest.mark.parametrize("rules,shared", [("SRc", False), ("SR", False), ("SRc", True)])
+def test_capacity_graphs_replay_exactly_under_src(rules, shared):
     """Rules SRc (and SR: a graph per flow step) on capacity graphs (the released Token2Wav,
     5 flow steps, fp32): two voices
-    of new lengths on one capacity's graphs, each captured on its own session, every chunk
+    of new lengths on one capacity's graphs, each captured on its own session (``shared``:
+    once, on the capacity's working arena, for both: ``runtime.working``), every chunk
     replayed and exact against the stock tail: warm-up, growth, the trim, steady chunks, an
     11-token window and a 7-token flush on the capacity's shared graphs; the second voice
     is one the flush's shared graph refuses (its other branch class in the prompt), whose
@@ -496,7 +497,8 @@ def test_capacity_graphs_replay_exactly_under_src(rules):
     with deterministic_protocol_restored():
         flow, hift = s2.build_modules(0)
         tail = s2.Token2WavTail(flow.cuda(), hift.cuda(), n_timesteps=5)
-        opt = cadence_fx.optimize(tail, rules=rules, capacity=(256,), off_catalog="specialize")
+        opt = cadence_fx.optimize(tail, rules=rules, capacity=(256,), off_catalog="specialize",
+                                  shared_captures=shared)
         chunks = [(_tokens(28, 40 + i), False) for i in range(4)] + [(_tokens(11, 45), False), (_tokens(7, 46), True)]
         flush = "entry 2 | token (1, 7), spk (1, 192) | last_chunk"
         voices, held = [111], {}  # 222 frames; then one of the flush's other class
@@ -510,6 +512,11 @@ def test_capacity_graphs_replay_exactly_under_src(rules):
             assert all(r.startswith("replay") for r in routes), (p, routes)
             assert session.session.executable.notes.get("capacity") == {"prompt_frames": 256}, p
             held[p] = {k: v["how"] for k, v in session.stats()["specializations"]["held"].items()}
+            fallbacks = session.stats()["fallbacks"]
+            assert not any(k.startswith("region refused replay") for k in fallbacks), (p, fallbacks)
+            if shared:  # the entries, the window, the flush: captured by the first voice only
+                captures = session.stats()["working_arena"]["captures"]
+                assert captures == (5 if len(voices) == 1 else 6), (p, captures)  # the second's own flush
             session.close()
             if len(voices) == 1:
                 (cexe,) = opt._capacities.values()

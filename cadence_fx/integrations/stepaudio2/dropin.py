@@ -54,16 +54,21 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
     largest length up to ``C`` in it (``class_capacity``: the class's graphs, built once).  A length no capacity serves (past
     the largest, or in another branch class of the model's code) is built for its own
     length as without ``capacity``; ``capacity_stats()`` says which and why.
+    ``shared_captures=True`` (with ``capacity``, under SR/SRc): each capacity's graphs are
+    captured once, on a working arena of the capacity, for every voice (``runtime.working``:
+    a voice's state is copied onto it before each chunk and back after, one chunk at a time),
+    not on each voice's own arena at its set-up and first window or flush.
     """
 
     def __init__(self, tail: Token2WavTail, rules: str = "S", progress=None, cache=True,
                  off_catalog: str = DEFAULT_POLICY, max_specializations: int = DEFAULT_MAX_ENTRIES,
                  max_specialization_bytes: int = DEFAULT_MAX_BYTES,
                  max_executables: int = DEFAULT_MAX_EXECUTABLES, background: bool = False,
-                 capacity: "int | tuple[int, ...] | None" = None):
+                 capacity: "int | tuple[int, ...] | None" = None, shared_captures: bool = False):
         super().__init__(rules, tail.device, progress, cache, off_catalog, max_specializations,
                          max_specialization_bytes, max_executables, background)
         self.capacity = check_capacity(capacity, self.rules)
+        self.shared_captures = check_shared_captures(shared_captures, self.capacity)
         self._capacities: dict = {}  # (capacity, spk shape, dtype) -> CapacityExecutable, or why none
         self._capacity_lock = threading.RLock()  # building one (a capacity held is read without it)
         self.capacity_refused: dict[int, str] = {}  # prompt frames -> why no capacity serves it
@@ -159,7 +164,7 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
         or the steps serving ``cap``), or why none can be.  Only a build holds the lock: a
         capacity held is never waited for."""
         from ...capacity_executable import capacity_executable
-        ckey = (cap,) + self._key(cap, spk)[1:]
+        ckey = (cap,) + self._key(cap, spk)[1:] + (self.shared_captures,)
         cexe = self._capacities.get(ckey)
         if cexe is not None:
             return cexe
@@ -170,7 +175,8 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
                     self.progress(f"building the graphs of every prompt length up to {cap} mel frames")
                 try:
                     cexe = capacity_executable(self.adapter_for(cap, spk), steps, "probe", programs=self.programs,
-                                               say=self.progress, rules=self.rules)
+                                               say=self.progress, rules=self.rules,
+                                               shared_captures=self.shared_captures)
                 except Exception as e:  # noqa: BLE001 - kept as the capacity's reason (capacity_stats)
                     cexe = f"{type(e).__name__}: {e}"
                 self._capacities[ckey] = cexe
@@ -192,17 +198,20 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
             whys.append(f"its class below {cap}: {type(e).__name__}: {e}")
             return None
 
-    def set_capacity(self, capacity: "int | tuple[int, ...] | None") -> None:
+    def set_capacity(self, capacity: "int | tuple[int, ...] | None", shared_captures: "bool | None" = None) -> None:
         """From now on, a new voice runs on these capacities (see the class doc; ``None``: each
-        prompt length its own executable).  On a change, the executables held for lengths on
-        capacity graphs are let go (sessions keep theirs): a voice set up after runs as the
-        new setting says.  Capacities built stay, for a setting that names them again."""
+        prompt length its own executable), its captures shared or not (``shared_captures``;
+        None: as before, off without a capacity).  On a change, the executables held for lengths on capacity graphs
+        are let go (sessions keep theirs): a voice set up after runs as the new setting says.
+        Capacities built stay, for a setting that names them again."""
         new = check_capacity(capacity, self.rules)
-        if new != self.capacity:
+        shared = self.shared_captures and bool(new) if shared_captures is None else \
+            check_shared_captures(shared_captures, new)
+        if new != self.capacity or shared != self.shared_captures:
             with self._exe_lock:
                 for key in [k for k, exe in self._executables.items() if exe.notes.get("capacity")]:
                     del self._executables[key]
-        self.capacity = new
+        self.capacity, self.shared_captures = new, shared
 
     @torch.inference_mode()
     def prepare_capacity(self, windows=range(4, 29), flushes=range(1, 29), spk_dtype=torch.float32) -> dict:
@@ -212,10 +221,14 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
         window or flush of those lengths then builds nothing.  ``spk_dtype``: the speaker
         vectors' dtype the voices will bring (capacities are kept per dtype).  With
         ``progress``, a line per shape.  Returns, per capacity, ``{shape: how}``
-        (``capacity_executable.prepare``: held, built in S s, or why none serves), or why
-        that capacity has no graphs.  A voice in another branch class of the model's code
-        still builds its class's (or its own) graphs when it comes."""
-        from ...capacity_executable import chunk_inputs, prepare
+        (``capacity_prepare.prepare``: held, built in S s, or why none serves), or why
+        that capacity has no graphs.  With shared captures (``shared_captures=True`` under
+        SR/SRc) every catalog entry's graph and every shape's is also captured on each
+        capacity's working arena (``capacity_prepare.capture``), reported under
+        ``"captured"``: ``{capacity: {label: how}}``; a voice then captures nothing.  A voice
+        in another branch class of the model's code still builds its class's (or its own)
+        graphs when it comes."""
+        from ...capacity_prepare import capture, chunk_inputs, prepare
         if not self.capacity:
             raise CadenceError("prepare_capacity: no capacity is set (optimize(..., capacity=...) or set_capacity)")
         lengths = {}
@@ -238,6 +251,8 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
             shapes += [(chunk_inputs(cexe.adapter, {"chunk_tokens": n}), {"last_chunk": True})
                        for n in lengths["flushes"]]
             out[f"{cap} mel frames"] = prepare(cexe, shapes, say=self.progress)
+            if cexe.working() is not None:
+                out.setdefault("captured", {})[f"{cap} mel frames"] = capture(cexe, shapes, say=self.progress)
         return out
 
     def capacity_stats(self) -> dict:
@@ -284,6 +299,16 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
         stock-sized buffers plus the session's state copies (rules R/Rc)."""
         held = super().state_bytes
         return held if self.stable_state else held + self._stock_buffer_bytes
+
+
+def check_shared_captures(shared_captures, capacity) -> bool:
+    """``shared_captures`` checked (a bool, True only with a capacity); ``CadenceError`` else."""
+    if not isinstance(shared_captures, bool):
+        raise CadenceError(f"shared_captures={shared_captures!r} must be True or False")
+    if shared_captures and not capacity:
+        raise CadenceError("shared_captures=True shares each capacity's captures among its voices: it needs "
+                           "capacity=... too")
+    return shared_captures
 
 
 def check_capacity(capacity, rules: str) -> "tuple[int, ...] | None":

@@ -1,0 +1,133 @@
+"""A server's start on capacity graphs: window and flush graphs built before any voice sends them.
+
+``chunk_inputs`` makes a chunk of a given length from a model's example inputs;
+``prepare(cexe, shapes)`` builds a capacity executable's shared graph of each shape
+(``capacity_executable.shared_variant``), as a stream's first sight of it would;
+``capture(cexe, shapes)``, with shared captures (``runtime.working``), captures each
+catalog entry's graph and each shape's on the capacity's working arena, as the first
+stream's set-up and first window or flush would: a voice then captures nothing.
+``OptimizedToken2Wav.prepare_capacity`` and ``cadence-fx traffic --prepare`` call them.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Mapping
+
+import torch
+
+from . import step as meta
+from .capacity_executable import CapacityExecutable, SharedGraph, _label, _shape, at_stream, shared_variant
+from .compiler import program_kind
+from .errors import CadenceError
+from .runtime import device_work
+from .runtime.variants import VariantBusy, VariantKey, VariantRefused
+
+
+def chunk_inputs(adapter, lengths: Mapping[str, int]) -> dict:
+    """The adapter's example inputs with each axis ``adapter.symbolic_inputs()`` names at the
+    length ``lengths`` gives its dim (Token2Wav: ``{"chunk_tokens": 11}``: an 11-token
+    window), their values the examples' tiled (valid ids for a token input), contiguous."""
+    named = {d for axes in adapter.symbolic_inputs().values() for d in axes.values()}
+    if set(lengths) - named:
+        raise CadenceError(f"chunk_inputs: {sorted(set(lengths) - named)} is no input axis of this model "
+                           f"(its symbolic input axes: {sorted(named) or 'none'})")
+    out = {}
+    for name, t in adapter.example_inputs().items():
+        for axis, d in adapter.symbolic_inputs().get(name, {}).items():
+            if d in lengths:
+                n = int(lengths[d])
+                if n < 1:
+                    raise CadenceError(f"{d}={n}: a chunk's length is at least 1")
+                t = t.index_select(axis, torch.arange(n, device=t.device) % t.shape[axis])
+        out[name] = t.contiguous()
+    return out
+
+
+def prepare(cexe: CapacityExecutable, shapes, entry: int | None = None,
+            say: Callable[[str], None] | None = None) -> dict:
+    """Build the shared graphs of ``shapes`` before any stream sends them (a server's start:
+    each turn-end window and flush length it will see), at catalog entry ``entry``'s state
+    (default: the steady one, where a turn's window and flush come).  ``shapes``: ``(inputs,
+    flags)`` pairs (``chunk_inputs`` makes the inputs).  Returns ``{label: how}``: ``"held"``
+    (built before), ``"built in S s"``, or why none serves (also remembered, as a stream's
+    first sight of it would be).  One shape at a time, each reported through ``say``; each
+    build waits for one a stream started (``VariantBusy``) and holds the device's work lock
+    (``runtime.device_work``: no capture beside it)."""
+    say = say or cexe.say
+    plan = cexe.plan
+    if entry is not None and not (isinstance(entry, int) and 0 <= entry < len(plan.catalog)):
+        raise CadenceError(f"prepare: entry={entry!r} is no catalog entry (0..{len(plan.catalog) - 1})")
+    index = plan.catalog[-1].index if entry is None else plan.catalog[entry].index
+    sig = cexe.signature
+    shapes = list(shapes)
+    own = {n: tuple(t.shape) for n, t in cexe.adapter.example_inputs().items()}
+    out = {}
+    for i, (inputs, flags) in enumerate(shapes):
+        key = VariantKey.of(index, {}, (), inputs, sig.inputs, flags)
+        label = _label(_shape(key))
+        if not key.flags and all(tuple(inputs[n].shape) == own[n] for n in sig.inputs):
+            out[label] = "the catalog's own chunk"
+            continue
+        with cexe._lock:
+            held = isinstance(cexe.shared.get(_shape(key)), SharedGraph)
+        if held:
+            out[label] = "held"
+            continue
+        say(f"shared graph {i + 1}/{len(shapes)}: {label}")
+        t0 = time.perf_counter()
+        while True:
+            try:
+                with device_work.held():
+                    shared_variant(cexe, key, inputs)
+                out[label] = f"built in {time.perf_counter() - t0:.1f} s"
+            except VariantBusy:  # a stream's build of another shape: wait for it, then this one
+                with cexe._building:
+                    pass
+                continue
+            except VariantRefused as e:
+                out[label] = str(e)
+            break
+    return out
+
+
+def capture(cexe: CapacityExecutable, shapes=(), entry: int | None = None,
+            say: Callable[[str], None] | None = None) -> dict:
+    """With shared captures (``capacity_executable(..., shared_captures=True)`` under SR/SRc):
+    each catalog entry's graph and the shared graph of each of ``shapes`` held (as ``prepare``
+    takes them; a shape with none held is passed over) captured on the capacity's working
+    arena now, at the capacity's own length (the pieces serve every length), so no voice's
+    set-up, window or flush captures.  Returns ``{label: how}``: ``"captured in S s"``,
+    ``"held"`` (captured before), or what failed (its regions then run eagerly, counted in
+    each session's stats).  ``CadenceError`` where the captures are not shared."""
+    working = cexe.working()
+    if working is None:
+        raise CadenceError("capture: this capacity's graphs are captured per session (shared_captures=False, or "
+                           "rules that do not replay)")
+    say = say or cexe.say
+    plan, sig = cexe.plan, cexe.signature
+    index = plan.catalog[-1].index if entry is None else plan.catalog[entry].index
+    lengths = {d: torch.tensor(v, device=cexe.device) for d, v in cexe.dims.items()}
+    kind = program_kind(cexe.rules)
+    todo = [(f"entry {e.index}", cexe.graphs[e.index][0], cexe.graphs[e.index][2], e,
+             cexe.adapter.example_inputs()) for e in plan.catalog]
+    for inputs, flags in shapes:
+        key = VariantKey.of(index, {}, (), inputs, sig.inputs, flags)
+        with cexe._lock:
+            held = cexe.shared.get(_shape(key))
+        if isinstance(held, SharedGraph):
+            todo.append((_label(_shape(key)), held.gm, held.sym, plan.catalog[index], inputs))
+    out = {}
+    for i, (label, gm, sym, at, inputs) in enumerate(todo):
+        program = at_stream(gm, cexe.dims, [lengths[d] for d in sym.dims], at, meta.arena_inputs(gm), {}, kind)
+        before, t0 = working.captures, time.perf_counter()
+        say(f"capture {i + 1}/{len(todo)}: {label}")
+        with device_work.held(), torch.no_grad():
+            _, failed, error = working.capture(program, inputs, sig.inputs)
+        out[label] = (f"capture failed: {error}" if error is not None else
+                      "held" if working.captures == before else f"captured in {time.perf_counter() - t0:.2f} s" +
+                      (f" ({len(failed)} regions eager: {next(iter(failed.values()))})" if failed else ""))
+    return out
+
+
+__all__ = ["capture", "chunk_inputs", "prepare"]
