@@ -16,6 +16,11 @@ median, routes, the arena's bytes; overall medians, paired ratios, and ``exact``
 
     python benchmarks/capacity_voices.py --n-timesteps 2 --capacity 500 --prompt-tokens 90,111,150,188,237
     python benchmarks/capacity_voices.py --device cuda --rules SRc --n-timesteps 5 --capacity 500 ...
+    python benchmarks/capacity_voices.py --device cuda --rules SRc ... --shared-captures
+
+``--shared-captures`` adds a third variant, the capacity's graphs captured once for every
+voice on its working arena (``runtime.working``), paired against the capacity variant
+(``paired_shared``: shared / capacity per voice).
 """
 
 from __future__ import annotations
@@ -90,6 +95,9 @@ def main(argv=None) -> int:
     p.add_argument("--steady", type=int, default=3)
     p.add_argument("--window", type=int, default=14, help="tokens (11 + 3 lookahead)")
     p.add_argument("--flush", type=int, default=7)
+    p.add_argument("--shared-captures", action="store_true",
+                   help="a third variant: the capacity's graphs captured once for every voice (optimize(..., "
+                        "shared_captures=True); rules SR/SRc), paired against the capacity variant")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     device = torch.device(args.device)
@@ -106,7 +114,10 @@ def main(argv=None) -> int:
            "n_timesteps": args.n_timesteps, "rules": args.rules, "capacity": args.capacity, "turn": {
                "steady": args.steady, "window": args.window, "flush": args.flush, "turns": args.turns},
            "variants": {}}
-    for name, options in (("per-length", {}), ("capacity", {"capacity": args.capacity})):
+    variants = [("per-length", {}), ("capacity", {"capacity": args.capacity})]
+    if args.shared_captures:
+        variants.append(("shared", {"capacity": args.capacity, "shared_captures": True}))
+    for name, options in variants:
         opt = cadence_fx.optimize(stock, rules=args.rules, cache=cache, off_catalog="specialize", **options)
         t0 = time.perf_counter()
         warm = _voice(opt, stock, args.trace_tokens, argparse.Namespace(**{**vars(args), "turns": 1}), device)
@@ -125,18 +136,14 @@ def main(argv=None) -> int:
             "chunk_ms_p50": statistics.median(v["chunk_ms_p50"] for v in voices),
             "stock_chunk_ms_p50": statistics.median(v["stock_chunk_ms_p50"] for v in voices),
             "arena_bytes_max": max(v["arena_bytes"] for v in voices)}
-        if name == "capacity":
+        if "capacity" in options:
             out["variants"][name]["capacity_stats"] = opt.capacity_stats()
     per, cap = out["variants"]["per-length"], out["variants"]["capacity"]
-    out["exact"] = per["exact"] and cap["exact"]
-    out["paired"] = {  # per voice: capacity / per-length
-        "setup_ratio_p50": round(statistics.median(c["setup_s"] / p_["setup_s"]
-                                                   for c, p_ in zip(cap["voices"], per["voices"])), 3),
-        "ttfa_ratio_p50": round(statistics.median(c["ttfa_ms"] / p_["ttfa_ms"]
-                                                  for c, p_ in zip(cap["voices"], per["voices"])), 3),
-        "chunk_ratio_p50": round(statistics.median(c["chunk_ms_p50"] / p_["chunk_ms_p50"]
-                                                   for c, p_ in zip(cap["voices"], per["voices"])), 3)}
-    print(json.dumps({"exact": out["exact"], "paired": out["paired"],
+    out["exact"] = all(v["exact"] for v in out["variants"].values())
+    out["paired"] = _paired(cap, per)  # per voice: capacity / per-length
+    if "shared" in out["variants"]:
+        out["paired_shared"] = _paired(out["variants"]["shared"], cap)  # per voice: shared / capacity
+    print(json.dumps({"exact": out["exact"], "paired": out["paired"], "paired_shared": out.get("paired_shared"),
                       **{f"{k}_{n}": v[k] for n, v in out["variants"].items()
                          for k in ("program_share", "replayed_share", "setup_s_p50", "ttfa_ms_p50", "stock_ttfa_ms_p50",
                                    "chunk_ms_p50", "arena_bytes_max")}}), flush=True)
@@ -144,6 +151,14 @@ def main(argv=None) -> int:
         with open(args.json, "w") as f:
             f.write(json.dumps(out, indent=1) + "\n")
     return 0 if out["exact"] else 1
+
+
+def _paired(a: dict, b: dict) -> dict:
+    """Per voice ``a / b`` of set-up, time to first audio and chunk median: their medians."""
+    def ratio(key):
+        return round(statistics.median(x[key] / y[key] for x, y in zip(a["voices"], b["voices"])), 3)
+    return {"setup_ratio_p50": ratio("setup_s"), "ttfa_ratio_p50": ratio("ttfa_ms"),
+            "chunk_ratio_p50": ratio("chunk_ms_p50")}
 
 
 if __name__ == "__main__":
