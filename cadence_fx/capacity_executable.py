@@ -174,6 +174,8 @@ def capacity_executable(adapter, steps: "Mapping[int, SymbolicStep] | None" = No
     rules = Rules.parse(rules)
     if not rules.stable_state:
         raise RulesError(f"capacity graphs keep the state in the arena: rules {str(rules)!r} need S")
+    if shared_captures and not rules.replays:
+        raise RulesError(f"shared_captures=True shares captured CUDA graphs: rules SR or SRc, not {str(rules)!r}")
     check_rules(rules, torch.device(adapter.device))
     if steps is None and programs is None:
         raise CadenceError("capacity_executable needs the catalog's symbolic steps or the model's ProgramStore")

@@ -56,9 +56,7 @@ def prepare(cexe: CapacityExecutable, shapes, entry: int | None = None,
     (``runtime.device_work``: no capture beside it)."""
     say = say or cexe.say
     plan = cexe.plan
-    if entry is not None and not (isinstance(entry, int) and 0 <= entry < len(plan.catalog)):
-        raise CadenceError(f"prepare: entry={entry!r} is no catalog entry (0..{len(plan.catalog) - 1})")
-    index = plan.catalog[-1].index if entry is None else plan.catalog[entry].index
+    index = _entry_index(plan, entry, "prepare")
     sig = cexe.signature
     shapes = list(shapes)
     own = {n: tuple(t.shape) for n, t in cexe.adapter.example_inputs().items()}
@@ -91,6 +89,14 @@ def prepare(cexe: CapacityExecutable, shapes, entry: int | None = None,
     return out
 
 
+def _entry_index(plan, entry, who: str) -> int:
+    """The catalog index ``entry`` names (None: the steady entry, the catalog's last)."""
+    if entry is not None and (isinstance(entry, bool) or not isinstance(entry, int)
+                              or not 0 <= entry < len(plan.catalog)):
+        raise CadenceError(f"{who}: entry={entry!r} is no catalog entry (0..{len(plan.catalog) - 1})")
+    return plan.catalog[-1].index if entry is None else plan.catalog[entry].index
+
+
 def capture(cexe: CapacityExecutable, shapes=(), entry: int | None = None,
             say: Callable[[str], None] | None = None) -> dict:
     """With shared captures (``capacity_executable(..., shared_captures=True)`` under SR/SRc):
@@ -98,34 +104,41 @@ def capture(cexe: CapacityExecutable, shapes=(), entry: int | None = None,
     takes them; a shape with none held is passed over) captured on the capacity's working
     arena now, at the capacity's own length (the pieces serve every length), so no voice's
     set-up, window or flush captures.  Returns ``{label: how}``: ``"captured in S s"``,
-    ``"held"`` (captured before), or what failed (its regions then run eagerly, counted in
-    each session's stats).  ``CadenceError`` where the captures are not shared."""
+    ``"held"`` (captured before), ``"no shared graph held"`` (``prepare`` it first), or what
+    failed (its regions then run eagerly, counted in each session's stats; a failure is
+    tried again by the next stream that needs it).  ``CadenceError`` where the captures are
+    not shared, or for an ``entry`` that is no catalog entry."""
     working = cexe.working()
     if working is None:
         raise CadenceError("capture: this capacity's graphs are captured per session (shared_captures=False, or "
                            "rules that do not replay)")
     say = say or cexe.say
     plan, sig = cexe.plan, cexe.signature
-    index = plan.catalog[-1].index if entry is None else plan.catalog[entry].index
+    index = _entry_index(plan, entry, "capture")
     lengths = {d: torch.tensor(v, device=cexe.device) for d, v in cexe.dims.items()}
     kind = program_kind(cexe.rules)
     todo = [(f"entry {e.index}", cexe.graphs[e.index][0], cexe.graphs[e.index][2], e,
              cexe.adapter.example_inputs()) for e in plan.catalog]
+    out = {}
     for inputs, flags in shapes:
         key = VariantKey.of(index, {}, (), inputs, sig.inputs, flags)
         with cexe._lock:
             held = cexe.shared.get(_shape(key))
         if isinstance(held, SharedGraph):
             todo.append((_label(_shape(key)), held.gm, held.sym, plan.catalog[index], inputs))
-    out = {}
+        else:
+            out[_label(_shape(key))] = "no shared graph held (prepare it first)"
     for i, (label, gm, sym, at, inputs) in enumerate(todo):
         program = at_stream(gm, cexe.dims, [lengths[d] for d in sym.dims], at, meta.arena_inputs(gm), {}, kind)
-        before, t0 = working.captures, time.perf_counter()
+        if working.holds(program):
+            out[label] = "held"
+            continue
         say(f"capture {i + 1}/{len(todo)}: {label}")
+        t0 = time.perf_counter()
         with device_work.held(), torch.no_grad():
             _, failed, error = working.capture(program, inputs, sig.inputs)
         out[label] = (f"capture failed: {error}" if error is not None else
-                      "held" if working.captures == before else f"captured in {time.perf_counter() - t0:.2f} s" +
+                      f"captured in {time.perf_counter() - t0:.2f} s" +
                       (f" ({len(failed)} regions eager: {next(iter(failed.values()))})" if failed else ""))
     return out
 

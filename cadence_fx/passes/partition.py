@@ -27,7 +27,7 @@ import torch.fx as fx
 
 from .. import step as meta
 from ..errors import PassError
-from .base import CadencePass, PassResult, by_op, call_summary, copy_node, is_view
+from .base import CadencePass, PassResult, by_op, call_summary, copy_node, is_view, returns_written
 from .capacity_ops import DEVICE_SIZE, FAITHFUL, MASKED_ATTENTION, MASKED_COPY, OFFSET_CAT, TO_CAPACITY, host_size
 from .capacity_plan import _MODE, EXACT
 
@@ -166,31 +166,46 @@ class PartitionRecord:
 
 def length_bound(gm: fx.GraphModule) -> dict[fx.Node, str]:
     """The nodes of a capacity-form graph (``passes.capacity``) whose work depends on the
-    stream's length, each with why: a host size, a node that reads one (a narrow to the live
-    prefix, a faithful copy), and a node the capacity plan runs exact (at the stream's own
-    sizes).  Everything else runs at the capacity on device lengths, the same kernels at
-    every length: ``Partition(length_free=True)`` keeps only that in its pieces, so a piece
-    captured once replays for every length (architecture item 4, captures shared by voices).
-    A view that reads a host size (the trim's window of a cache, at an offset the length
-    sets) is memory at the stream's own address: what uses it is length-bound too (a view of
-    it, and the first op that reads it), so no piece takes such a view, which a capture
-    would bind at one length's address; what crosses into a piece is a value the islands
-    made, copied in before each replay."""
+    stream's length, each with why: a host size and host arithmetic on one, a node that
+    reads one (a narrow to the live prefix, a faithful copy), and a node the capacity plan
+    runs exact (at the stream's own sizes).  Everything else runs at the capacity on device
+    lengths, the same kernels at every length: ``Partition(length_free=True)`` keeps only
+    that in its pieces, so a piece captured once replays for every length (architecture
+    item 4, captures shared by voices).  A view that reads a host size (the trim's window of
+    a cache, at an offset the length sets), or an in-place op's result (the memory it
+    wrote), is memory at the stream's own address: what uses it is length-bound too (a view
+    of it, and the first op or call that reads it), so no piece takes such a tensor, which
+    a capture would bind at one length's address; what crosses into a piece is a value the
+    islands made, copied in before each replay.  A tensor an island made at the stream's
+    own sizes crosses only through a pad to the capacity (``TO_CAPACITY``); one that
+    crossed otherwise would meet the replay's shape check, which refuses it (counted)."""
     out: dict[fx.Node, str] = {}
+    host = set()  # host sizes, and Python arithmetic on them
     for n in gm.graph.nodes:
-        if n.op != "call_function":
+        if n.op not in ("call_function", "call_module"):
             continue
+        reads = [a for a in n.all_input_nodes if a in out]
         if n.target is host_size:
             out[n] = "a host size"
-        elif any(a in out and a.target is host_size for a in n.all_input_nodes):
-            out[n] = "reads a host size"
+            host.add(n)
+        elif any(a in host for a in reads):
+            if n.op == "call_function" and n.target in _HOST_ARITHMETIC:
+                out[n] = "host arithmetic on a host size"
+                host.add(n)
+            else:
+                out[n] = "reads a host size"
         elif n.meta.get(_MODE) == EXACT:
             out[n] = "runs at the stream's own sizes"
         elif n.target is TO_CAPACITY:
             out[n] = "pads a value of the stream's own sizes"
-        elif any(a in out and is_view(a) for a in n.all_input_nodes):
+        elif any(a.op == "call_function" and (is_view(a) or returns_written(a)) for a in reads):
             out[n] = "reads a view at the stream's own offset or size"
     return out  # (a capacity node never reads a padded exact value but through TO_CAPACITY: capacity_plan)
+
+
+#: Python arithmetic a traced graph does on sizes (its result a host value, like its operands)
+_HOST_ARITHMETIC = {operator.add, operator.sub, operator.mul, operator.floordiv, operator.mod, operator.neg,
+                    operator.truediv, operator.pow}
 
 
 class Partition(CadencePass):

@@ -9,7 +9,9 @@ Misuse and faults never yield a wrong chunk:
   ``load_state``, ``prepare_replay``) while another is running on the same session,
   from another thread, raises ``SessionBusy`` at once; it neither waits nor
   interleaves.  Sessions are independent of each other (rule S: each has its arena;
-  each captures on a stream of its own, ``runtime/streams.py``).
+  each captures on a stream of its own, ``runtime/streams.py``), except the sessions of
+  one working arena (``runtime/working.py``: a capacity's captures shared by its voices),
+  whose chunks take turns on it: a step there waits while another's chunk runs.
 * a step that raises part-way (any exception, ``KeyboardInterrupt`` included) never
   leaves a half-written state in use.  The eager fallback runs on private copies of
   the live state and writes back only after it returned and its state was checked:

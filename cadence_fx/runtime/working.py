@@ -14,8 +14,9 @@ per process instead, on the working arena, and every session runs its chunks the
   ``restore``, ``load_state``, ``state()`` and the eager fallback read and write it as a
   ``Session`` does its own arena.
 * one chunk at a time on a working arena: its ``turn()`` is a lock (a session waits while
-  another session's chunk runs there), and on CUDA an event orders each turn's device work
-  after the previous turn's, whatever stream either runs on.
+  another session's chunk or a capture runs there: sessions given CUDA streams of their own
+  to overlap, ``open_session(stream=)``, do not overlap on it), and on CUDA an event orders
+  each turn's device work after the previous turn's, whatever stream either runs on.
 * its graphs are length-free (``Partition(length_free=True)``, lowered so by
   ``capacity_executable(..., shared_captures=True)``): what depends on the stream's length
   runs in eager islands between the replays, and what a stream differs in (its inputs, its
@@ -25,8 +26,13 @@ per process instead, on the working arena, and every session runs its chunks the
   ``stats()["fallbacks"]`` as for any session: exact, never a wrong chunk.
 * a capture runs on a zeroed working arena (what ``Session.prepare_replay`` captures
   on), never on a parked one; what it leaves there is overwritten by the next turn's copy.
-  A capture that raises leaves its graph's pieces uncaptured (each run eagerly, counted)
-  and is not tried again.
+  It runs outside inference mode whatever its caller's mode (the drop-ins set up in
+  inference mode): its static buffers are normal tensors, which a session stepping in
+  either mode may write.  Where a capture raises, or runs out of memory, the pieces it did
+  not capture run eagerly (counted) for that caller and the graph is not kept: the next
+  session or chunk that needs it tries again; one whose regions failed otherwise is kept.
+  A capture holds the turn: a first window or flush captured mid-stream makes every voice
+  of the capacity wait for it (``prepare_capacity`` captures them before the first voice).
 
 The copies cost two storage copies a chunk (the arena at the capacity: by the H200's
 bandwidth well under a millisecond for a few hundred MiB; not measured yet), and one
@@ -45,6 +51,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
+from ..errors import CadenceError
 from ..plan import ArenaLayout
 from . import device_work, streams
 from .arena import Arena
@@ -68,7 +75,7 @@ class WorkingArena:
         self.rng = None  # one generator state for its graphs (graphs.GraphRng): one turn at a time
         self._stream = None  # its capture stream (runtime/streams.py), for the process's life
         self._warmed = False  # a CPU fake's first capture warms up (CUDA asks streams.is_warm)
-        self.turns = self.waited = self.captures = self.copies = 0
+        self.turns = self.waited = self.captures = self.copies = self.failed = 0
         self.capture_s = 0.0
 
     # ------------------------------------------------------------ one turn
@@ -102,7 +109,7 @@ class WorkingArena:
 
     def _copy(self, dst: Arena, src: Arena) -> None:
         if dst.nbytes != src.nbytes:  # (WorkingSession checked the layouts once)
-            raise ValueError(f"a parked arena of {src.nbytes} bytes, its working arena's {dst.nbytes}")
+            raise CadenceError(f"a parked arena of {src.nbytes} bytes, its working arena's {dst.nbytes}")
         with torch.inference_mode(dst.storage.is_inference()):  # an inference arena takes writes only there
             dst.storage.copy_(src.storage)
         self.copies += 1
@@ -113,9 +120,9 @@ class WorkingArena:
         """``program``'s graph captured on the working arena (once per graph: later calls get
         the same copy), on ``inputs`` (by ``names``) inside the program's context (the first
         stream's length: the pieces serve every length): ``(parent, failed regions, error)``,
-        as ``graphs.capture_variant`` returns them; where it raised (``error``) the parent's
-        pieces are uncaptured and run eagerly, counted.  The caller holds
-        ``device_work`` (no capture beside a build's device work)."""
+        as ``graphs.capture_variant`` returns them; where it raised (``error``) or ran out of
+        memory the pieces it did not capture run eagerly, counted, and the next call tries
+        again.  The caller holds ``device_work`` (no capture beside a build's device work)."""
         from .graphs import GraphPool, GraphRng, capture_variant, reserve_copies
         hit = self._captured.get(program.run)
         if hit is not None:  # held: no turn taken
@@ -136,27 +143,41 @@ class WorkingArena:
             self.arena.storage.zero_()  # what a session's set-up captures on
             args = program.arguments(inputs, names, [self.arena.full(n) for n in program.arena_inputs])
             reserve_copies(self.pool, [program.run], self.device)
-            with program.entered():
+            with torch.inference_mode(False), torch.no_grad(), program.entered():  # normal static buffers
                 got = capture_variant(program.run, args, self.pool, self.arena.storage.data_ptr(), stream,
                                       self.device, self.rng, warm_up=not warm)
             if got[2] is None:  # it ran: the stream is warm now
                 self._warmed = True
                 if cuda:
                     streams.warmed(stream)
-            self._captured[program.run] = got
-            self.captures += 1
             self.capture_s += time.perf_counter() - t0
+            if got[2] is not None or any("out of memory" in why for why in got[1].values()):
+                self.failed += 1  # not kept: the next call tries again
+            else:
+                self._captured[program.run] = got
+                self.captures += 1
             return got
+
+    def holds(self, program: EntryProgram) -> bool:
+        """Whether ``program``'s graph is captured here."""
+        return program.run in self._captured
 
     def held(self) -> int:
         """Graphs captured on this arena and still used (a graph no executable holds goes)."""
         return len(self._captured)
 
     def stats(self) -> dict:
-        """Its bytes, turns (and how many waited for another's), storage copies, captures
-        (and their seconds), graphs held."""
-        return {"bytes": self.arena.nbytes, "turns": self.turns, "waited": self.waited, "copies": self.copies,
-                "captures": self.captures, "capture_s": round(self.capture_s, 3), "graphs_held": self.held()}
+        """Its bytes, turns (and how many waited for another's), storage copies, captures kept
+        and failed (tried again later), their seconds, graphs held; on CUDA its graph pool's
+        renewals and static copies (every session's on it: not per session)."""
+        out = {"bytes": self.arena.nbytes, "turns": self.turns, "waited": self.waited, "copies": self.copies,
+               "captures": self.captures, "failed_captures": self.failed, "capture_s": round(self.capture_s, 3),
+               "graphs_held": self.held()}
+        if self.pool is not None and self.device.type == "cuda":
+            copies = self.pool.copies
+            out["graph_pools_renewed"] = self.pool.renewed
+            out["static_copies"] = {"bytes": copies.held_bytes, "grown": copies.grown}
+        return out
 
 
 class WorkingSession(Session):
@@ -166,7 +187,7 @@ class WorkingSession(Session):
     def __init__(self, executable: Executable, arena: Arena, fallback: FallbackFn,
                  extents: Mapping[str, int | None], working: WorkingArena):
         if arena.layout != working.layout or arena.device != working.device:
-            raise ValueError("a working session's arena is laid out as its working arena, on its device")
+            raise CadenceError("a working session's arena is laid out as its working arena, on its device")
         super().__init__(executable, arena, fallback, extents)
         self.working = working
 
@@ -194,8 +215,13 @@ class WorkingSession(Session):
             return failed
 
     def stats(self) -> dict:
-        """``Session.stats()`` and ``working_arena``: its ``WorkingArena.stats()``."""
-        return {**super().stats(), "working_arena": self.working.stats()}
+        """``Session.stats()`` and ``working_arena``: its ``WorkingArena.stats()`` (the graph
+        pool's renewals and static copies are the working arena's, every session's, so they
+        are there, not at this session's level)."""
+        out = super().stats()
+        out.pop("graph_pools_renewed", None)
+        out.pop("static_copies", None)
+        return {**out, "working_arena": self.working.stats()}
 
     def _run_program(self, program: EntryProgram, label: "int | str",
                      inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

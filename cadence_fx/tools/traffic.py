@@ -49,9 +49,10 @@ from typing import Any
 
 from .. import foreground
 from ..runtime import collector
+from ..step import Rules
 from . import registry
 from .options import add_model_args, model_of, progress
-from .traffic_report import markdown, plot
+from .traffic_report import markdown, plot, specializations, working_arenas
 
 DEFAULTS = {"prompt": (75, 250), "steady": (2, 12), "window": (8, 27), "flush": (1, 28)}
 TOKEN_SECONDS = 1 / 25  # a speech token's audio (Token2Wav: 25 Hz tokens, 50 mel frames a second)
@@ -175,6 +176,8 @@ def run(args) -> int:
     if device.type == "cuda":
         deterministic_protocol()
     rules = args.rules if args.rules != "auto" else ("SRc" if device.type == "cuda" else "S")
+    if args.shared_captures and not Rules.parse(rules).replays:
+        raise SystemExit(f"--shared-captures shares captured CUDA graphs: rules SR or SRc (here rules {rules})")
     say = progress(args.quiet)
     chunk = spec.serve.tokens(args)
     ranges = {k: getattr(args, f"{k}_range") for k in DEFAULTS}
@@ -184,31 +187,51 @@ def run(args) -> int:
     opt = registry.optimize(spec, stock, rules, say)
     opt.set_off_catalog(args.off_catalog)
     was_capacity, was_background = getattr(opt, "capacity", None), getattr(opt, "background", False)
-    was_shared = getattr(opt, "shared_captures", False)
-    if args.capacity is not None:
-        if not hasattr(opt, "set_capacity"):
-            raise SystemExit(f"--capacity: the optimized {spec.name} has no capacity graphs")
-        opt.set_capacity(args.capacity, args.shared_captures)  # restored below (the model is kept for later commands)
-    prepared = _prepare(args, opt, ranges, chunk.lookahead, say) if args.prepare else None
-    if args.background:
-        if not hasattr(opt, "set_background"):
-            raise SystemExit(f"--background: the optimized {spec.name} does not build in the background")
-        opt.set_background(True)  # the model is kept for later commands in this process: restored below
-    old_share = foreground.build_share()  # process-wide: restored below
-    if args.build_share is not None:
-        foreground.set_build_share(args.build_share)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+    was_shared, old_share = getattr(opt, "shared_captures", False), foreground.build_share()
     live: dict[int, dict[str, Any]] = {}
+    try:  # the model is kept for later commands in this process: its settings come back whatever happens
+        if args.capacity is not None:
+            if not hasattr(opt, "set_capacity"):
+                raise SystemExit(f"--capacity: the optimized {spec.name} has no capacity graphs")
+            opt.set_capacity(args.capacity, args.shared_captures)
+        prepared = _prepare(args, opt, ranges, chunk.lookahead, say) if args.prepare else None
+        if args.background:
+            if not hasattr(opt, "set_background"):
+                raise SystemExit(f"--background: the optimized {spec.name} does not build in the background")
+            opt.set_background(True)
+        if args.build_share is not None:
+            foreground.set_build_share(args.build_share)  # process-wide
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        rows, idle = _drive(args, spec, convos, stock, opt, device, say, chunk, live)
+        report = _report(args, rules, convos, live, rows, device, percentile, idle)
+        report["prepare"] = prepared
+    finally:
+        for c in live.values():
+            c["session"].close()
+        if args.background:
+            opt.set_background(was_background)
+        if args.capacity is not None:
+            opt.set_capacity(was_capacity, was_shared and bool(was_capacity))
+        foreground.set_build_share(old_share)
+    _emit(args, report)
+    return 0 if report["exact"] else 1
+
+
+def _drive(args, spec, convos, stock, opt, device, say, chunk, live: dict) -> tuple[list, list]:
+    """The conversations' events (``--pace``: at the audio rate), each live conversation in
+    ``live``: ``(rows, idle)``, a row per chunk and under ``--idle`` (seconds, entries
+    captured) per event."""
     rows: list[dict] = []
-    idle: list[tuple[float, int]] = []  # per event under --idle: (seconds, entries captured)
+    idle: list[tuple[float, int]] = []
+    if args.pace:
+        _paced(args, spec, convos, stock, opt, device, say, chunk, live, rows, idle)
+        return rows, idle
     # round robin: every live conversation takes one event per tick (open, a chunk, or a reset)
     events = {c.index: [("open", None, None)] + [ev for t, turn in enumerate(c.turns)
                                                   for ev in ([("reset", t, None)] if t else []) +
                                                   [("chunk", t, ch) for ch in turn]] for c in convos}
-    if args.pace:
-        _paced(args, spec, convos, stock, opt, device, say, chunk, live, rows, idle)
-    while not args.pace and any(events.values()):
+    while any(events.values()):
         for c in convos:
             if not events[c.index]:
                 continue
@@ -221,17 +244,7 @@ def run(args) -> int:
                 rows.append(_chunk(live[c.index], c, turn, ch, args.seed, device))
             if args.idle:  # every other conversation is between two of its chunks now
                 idle.append(_idle(live, device))
-    report = _report(args, rules, convos, live, rows, device, percentile, idle)
-    report["prepare"] = prepared
-    for c in live.values():
-        c["session"].close()
-    if args.background:
-        opt.set_background(was_background)
-    if args.capacity is not None:
-        opt.set_capacity(was_capacity, was_shared and bool(was_capacity))
-    foreground.set_build_share(old_share)
-    _emit(args, report)
-    return 0 if report["exact"] else 1
+    return rows, idle
 
 
 def _prepare(args, opt, ranges, lookahead: int, say) -> dict:
@@ -239,12 +252,13 @@ def _prepare(args, opt, ranges, lookahead: int, say) -> dict:
     (w_lo, w_hi), (f_lo, f_hi) = ranges["window"], ranges["flush"]
     t0 = time.perf_counter()
     built = opt.prepare_capacity(range(w_lo + lookahead, w_hi + lookahead + 1), range(f_lo, f_hi + 1))
-    hows = [h for cap, per in built.items() if cap != "captured" and isinstance(per, dict) for h in per.values()]
+    captured = built.pop("captured", None)  # --shared-captures: each capacity's captures, apart
+    hows = [h for per in built.values() if isinstance(per, dict) for h in per.values()]
     if say:
         say(f"prepared {len(hows)} window and flush shapes in {time.perf_counter() - t0:.1f} s")
     return {"s": round(time.perf_counter() - t0, 2), "shapes": len(hows),
             "served": sum(h == "held" or h.startswith(("built", "the catalog's own")) for h in hows),
-            "by_capacity": built}
+            "by_capacity": built, "captured": captured}
 
 
 def _open(spec, args, c: Conversation, stock, opt, device, say) -> dict:
@@ -522,10 +536,10 @@ def _report(args, rules: str, convos, live, rows, device, percentile, idle=()) -
         "exact": all(p["exact"] for p in per), "program_share": prog, "replayed_share": rep,
         "fallbacks": fallbacks(rows), "off_catalog": args.off_catalog, "background": args.background,
         "capacity": list(args.capacity) if args.capacity else None, "shared_captures": args.shared_captures,
-        "working_arenas": _working_arenas(live),
+        "working_arenas": working_arenas(live),
         "build_share": foreground.build_share(),
         "idle": args.idle, "idle_s": round(sum(s for s, _ in idle), 3), "captured_idle": sum(n for _, n in idle),
-        "specializations": _specializations(live),
+        "specializations": specializations(live),
         "collector": collector.stats(),
         "ttfa_ms_p50": round(percentile(ttfa, 50), 1), "stock_ttfa_ms_p50": round(percentile(stock_ttfa, 50), 1),
         "chunk_ms_p50": p50, "chunk_ms_p99": p99, "stock_chunk_ms_p50": s50, "stock_chunk_ms_p99": s99,
@@ -533,17 +547,6 @@ def _report(args, rules: str, convos, live, rows, device, percentile, idle=()) -
         **(_paced_report(args, rows, per, percentile) if args.pace else {"pace": False}),
         "per_conversation": per, "per_chunk": rows,
     }
-
-
-def _working_arenas(live) -> list:
-    """``--shared-captures``: each working arena the conversations ran on, its stats
-    (``runtime.working.WorkingArena.stats``: turns, copies, captures, graphs held)."""
-    seen = {}
-    for c in live.values():
-        working = getattr(c["session"].session, "working", None)
-        if working is not None:
-            seen[id(working)] = working.stats()
-    return list(seen.values())
 
 
 def _paced_report(args, rows, per, percentile) -> dict:
@@ -565,25 +568,6 @@ def _paced_report(args, rows, per, percentile) -> dict:
             "turn_start_latency_ms_p50": t50, "turn_start_latency_ms_p99": t99,
             "stalls": sum(r["stall_ms"] > 0 for r in rows), "stall_ms": round(sum(r["stall_ms"] for r in rows), 1),
             "state_checked": "at every turn's end (after the timed run, on the same seeds)"}
-
-
-def _specializations(live: dict) -> dict:
-    """Off-catalog programs over every conversation's executable: how many, build and capture seconds."""
-    built, build_s, captured_s, refused = 0, 0.0, 0.0, {}
-    seen = set()
-    for c in live.values():
-        spec = c["session"].stats().get("specializations")
-        if not spec:
-            continue
-        captured_s += sum(spec["captured_here_s"].values())
-        key = id(c["session"].session.executable)  # one Variants per executable (prompt length)
-        if key in seen:
-            continue
-        seen.add(key)
-        built += spec["built"]
-        build_s += spec["build_s"]
-        refused.update(spec["refused"])
-    return {"built": built, "build_s": round(build_s, 2), "capture_s": round(captured_s, 2), "refused": refused}
 
 
 def _emit(args, report: dict) -> None:

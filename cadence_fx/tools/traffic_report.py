@@ -1,4 +1,5 @@
-"""``cadence-fx traffic``'s report as Markdown and a plot (``tools.traffic`` makes the report)."""
+"""``cadence-fx traffic``'s report as Markdown and a plot (``tools.traffic`` makes the report), and
+what it gathers from the live sessions (their specializations, their working arenas)."""
 
 from __future__ import annotations
 
@@ -61,3 +62,33 @@ def plot(report: dict, path: str) -> str | None:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def working_arenas(live) -> list:
+    """``--shared-captures``: each working arena the conversations ran on, its stats
+    (``runtime.working.WorkingArena.stats``: turns, copies, captures, graphs held)."""
+    seen = {}
+    for c in live.values():
+        working = getattr(c["session"].session, "working", None)
+        if working is not None:
+            seen[id(working)] = working.stats()
+    return list(seen.values())
+
+
+def specializations(live: dict) -> dict:
+    """Off-catalog programs over every conversation's executable: how many, build and capture seconds."""
+    built, build_s, captured_s, refused = 0, 0.0, 0.0, {}
+    seen = set()
+    for c in live.values():
+        spec = c["session"].stats().get("specializations")
+        if not spec:
+            continue
+        captured_s += sum(spec["captured_here_s"].values())
+        key = id(c["session"].session.executable)  # one Variants per executable (prompt length)
+        if key in seen:
+            continue
+        seen.add(key)
+        built += spec["built"]
+        build_s += spec["build_s"]
+        refused.update(spec["refused"])
+    return {"built": built, "build_s": round(build_s, 2), "capture_s": round(captured_s, 2), "refused": refused}

@@ -479,7 +479,7 @@ def test_a_build_that_needs_the_foreground_is_not_remembered_as_refused(shared, 
 
 
 @cuda
-@pytest.mark.parametrize("rules,shared", [("SRc", False), ("SR", False), ("SRc", True)])
+@pytest.mark.parametrize("rules,shared", [("SRc", False), ("SR", False), ("SRc", True), ("SR", True)])
 def test_capacity_graphs_replay_exactly_under_src(rules, shared):
     """Rules SRc (and SR: a graph per flow step) on capacity graphs (the released Token2Wav,
     5 flow steps, fp32): two voices

@@ -3,28 +3,31 @@ working arena, for every voice, each voice's state copied onto it before each ch
 after; against the stock tail, every chunk.
 
 Capture and replay are faked on the CPU (``helpers/fake_capture.py``: a "graph" re-runs its
-piece on the very tensors it was captured on, with the host sizes of its capture), which is
-what a CUDA graph does for the runtime: so a replay that read the capturing voice's memory,
-or a host size of its length, instead of its own would be a wrong chunk here too.  The
-mini Token2Wav at a capacity of 200 prompt frames, rules SR (lowered for replay on the CPU);
-the CUDA test is ``test_capacity_executable.py::test_capacity_graphs_replay_exactly_under_src``
-(``shared``).
+piece on the very tensors it was captured on), which is what a CUDA graph does for the
+runtime: so a replay that read the capturing voice's memory instead of its own would be a
+wrong chunk here too (the length-bound views found by the first shared run were exactly
+that, refused by the replay's address check).  The mini Token2Wav at a capacity of 200 prompt
+frames, rules SR (lowered for replay on the CPU); the CUDA test is
+``test_capacity_executable.py::test_capacity_graphs_replay_exactly_under_src`` (``shared``).
 """
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
 
 from cadence_fx import capacity_executable as ce
+from cadence_fx.capacity_prepare import capture, chunk_inputs, prepare
 from cadence_fx.compiler import open_session
-from cadence_fx.errors import CadenceError
+from cadence_fx.errors import CadenceError, RulesError
 from cadence_fx.integrations import stepaudio2 as s2
 from cadence_fx.integrations.stepaudio2.session import Token2WavSession
 from cadence_fx.lockstep import compare_streams
+from cadence_fx.runtime import graphs
 from cadence_fx.runtime.arena import Arena
-from cadence_fx.runtime.working import WorkingSession
-from cadence_fx.step import Rules
+from cadence_fx.runtime.working import WorkingArena, WorkingSession
 from helpers.fake_capture import fake_capture
 from helpers.mini_token2wav import catalog_steps, mini_tail
 
@@ -32,16 +35,22 @@ CPU = torch.device("cpu")
 CAPACITY = 200
 
 
-def _capacity(opt, monkeypatch, length_free: bool = True):
+def _capacity(opt, length_free: bool = True):
     """The capacity executable under rules SR with shared captures (lowered for replay on the
     CPU); ``length_free=False``: its graphs lowered as for a session's own captures."""
-    monkeypatch.setattr(ce, "check_rules", lambda rules, device: rules)
-    if not length_free:
-        real = ce.lowered_copy
-        monkeypatch.setattr(ce, "lowered_copy", lambda *a, **k: real(*a, **{**k, "length_free": False}))
-    spk = s2.synthetic_prompt(40, seed=1)[2]
-    return ce.capacity_executable(opt.adapter_for(CAPACITY, spk), catalog_steps(opt), "probe", programs=opt.programs,
-                                  rules="SR", shared_captures=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ce, "check_rules", lambda rules, device: rules)
+        if not length_free:
+            real = ce.lowered_copy
+            mp.setattr(ce, "lowered_copy", lambda *a, **k: real(*a, **{**k, "length_free": False}))
+        spk = s2.synthetic_prompt(40, seed=1)[2]
+        return ce.capacity_executable(opt.adapter_for(CAPACITY, spk), catalog_steps(opt), "probe",
+                                      programs=opt.programs, rules="SR", shared_captures=True)
+
+
+@pytest.fixture(scope="module")
+def shared(t2w_mini):
+    return _capacity(t2w_mini.opt)
 
 
 def _voice(opt, cexe, prompt_tokens: int):
@@ -59,20 +68,28 @@ def _tokens(n: int, seed: int) -> list[int]:
     return torch.randint(0, s2.VOCAB, (n,), generator=g).tolist()
 
 
-def test_voices_share_one_capture_of_each_graph_on_the_working_arena_exact(t2w_mini, monkeypatch):
+def _exact(session, stock, chunk, seed: int) -> str:
+    report = compare_streams(stock, session, [chunk], CPU, seed=seed)
+    assert report["exact"], (seed, report["mismatches"])
+    return report["per_chunk"][0]["route"]
+
+
+def test_voices_share_one_capture_of_each_graph_on_the_working_arena_exact(t2w_mini, shared, monkeypatch):
     """Two voices of new lengths (82 and 114 frames) interleaved chunk by chunk through two
     turns (warm-up, growth, the trim, steady chunks, a 14-token window and a 7-token flush,
     a reset between): every chunk replayed and exact against the stock tail (waveform, PCM,
     every state tensor); each graph captured once for both voices, on the working arena:
     the three entries and the window before any voice (``capacity_prepare.capture``, at the
-    capacity's own length), the flush by the first voice that sends it."""
-    from cadence_fx.capacity_prepare import capture, chunk_inputs, prepare
+    capacity's own length, in inference mode as ``prepare_capacity`` runs it), the flush by
+    the first voice that sends it.  Then a failure part-way in one voice's replay breaks that
+    voice alone (the other stays exact), ``restore`` brings it back exact, and an eager chunk
+    on a working session (the fallback, on its parked state) is exact, as is the replay after."""
     fake_capture(monkeypatch)
-    opt = t2w_mini.opt
-    cexe = _capacity(opt, monkeypatch)
+    opt, cexe = t2w_mini.opt, shared
     window = [(chunk_inputs(cexe.adapter, {"chunk_tokens": 14}), {})]
     assert list(prepare(cexe, window).values())[0].startswith("built")
-    got = capture(cexe, window)
+    with torch.inference_mode():  # the drop-in's prepare_capacity and set-ups run in it
+        got = capture(cexe, window)
     assert len(got) == 4 and all(h.startswith("captured in") for h in got.values()), got
     assert set(capture(cexe, window).values()) == {"held"}
     voices = {p: _voice(opt, cexe, p) for p in (41, 57)}
@@ -85,9 +102,7 @@ def test_voices_share_one_capture_of_each_graph_on_the_working_arena_exact(t2w_m
     for t in range(2):
         for i in range(len(turn)):
             for p, (session, stock) in voices.items():
-                report = compare_streams(stock, session, turn[i:i + 1], CPU, seed=100 * p + 10 * t + i)
-                assert report["exact"], (p, t, i, report["mismatches"])
-                routes[p].append(report["per_chunk"][0]["route"])
+                routes[p].append(_exact(session, stock, turn[i], 100 * p + 10 * t + i))
         for p, (session, stock) in voices.items():
             session.reset()
             stock.set_stream_cache(*s2.synthetic_prompt(p, seed=p))
@@ -100,6 +115,56 @@ def test_voices_share_one_capture_of_each_graph_on_the_working_arena_exact(t2w_m
     assert w["turns"] == 5 + 2 * 2 * len(turn) and w["copies"] == 2 * 2 * 2 * len(turn), w
     assert cexe.stats()["working_arena"] == w
 
+    (a, stock_a), (b, stock_b) = voices[41], voices[57]
+    for p in voices:  # the warm-up, then steady
+        for i in range(3):
+            _exact(*voices[p], turn[i], 900 + 10 * p + i)
+    saved, stock_saved = a.snapshot(), copy.deepcopy(stock_a)
+    real, calls = graphs.CapturedRegion.forward, []
+
+    def fails_once(region, *args):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("a fault part-way in the replay (the test's)")
+        return real(region, *args)
+    monkeypatch.setattr(graphs.CapturedRegion, "forward", fails_once)
+    with pytest.raises(RuntimeError, match="the test's"):
+        a.stream(turn[0][0])
+    monkeypatch.setattr(graphs.CapturedRegion, "forward", real)
+    assert a.session.broken is not None and b.session.broken is None
+    assert _exact(b, stock_b, turn[1], 950).startswith("replay")  # the other voice, on the same working arena
+    a.restore(saved)
+    assert _exact(a, stock_saved, turn[0], 951).startswith("replay")
+    a.session.executable.variants.policy = "eager"  # a 13-token window: the fallback, on the parked state
+    assert _exact(a, stock_saved, (_tokens(13, 8), False), 952).startswith("fallback")
+    assert _exact(a, stock_saved, turn[1], 953).startswith("replay")
+    assert _exact(b, stock_b, turn[2], 954).startswith("replay")
+
+
+def test_a_step_outside_inference_mode_after_captures_inside_it_replays_as_inside(t2w_mini, shared, monkeypatch):
+    """Captures made in inference mode (``prepare_capacity``, the drop-in's set-ups) must not
+    bind a session that steps outside it (the runtime API): the working arena captures outside
+    inference mode whatever its caller's.  Two sessions of one voice, one stepping inside
+    inference mode and one outside, give equal outputs and state, both replayed."""
+    fake_capture(monkeypatch)
+    opt, cexe = t2w_mini.opt, shared
+    tokens, mels, spk = s2.synthetic_prompt(41, seed=41)
+    adapter = opt.adapter_for(82, spk)
+    with torch.inference_mode():
+        inside = open_session(ce.at_length(cexe, adapter), adapter, tokens, mels, spk)
+    outside = open_session(ce.at_length(cexe, adapter), adapter, tokens, mels, spk)
+    for i in range(3):
+        inputs = {"token": torch.tensor([_tokens(28, 70 + i)], dtype=torch.int32), "spk": spk}
+        torch.manual_seed(i)
+        with torch.inference_mode():
+            want = inside.step(inputs)
+        torch.manual_seed(i)
+        got = outside.step(inputs)
+        assert all(torch.equal(want[k], got[k]) for k in want), i
+        assert all(torch.equal(inside.state()[r], outside.state()[r]) for r in inside.state()), i
+    assert outside.broken is None and sum(outside.stats()["replays"].values()) == 3
+    assert sum(inside.stats()["replays"].values()) == 3
+
 
 def test_a_graph_not_lowered_length_free_is_refused_at_another_length_never_wrong(t2w_mini, monkeypatch):
     """Graphs lowered as for a session's own captures (their pieces take host sizes, baked at
@@ -108,7 +173,7 @@ def test_a_graph_not_lowered_length_free_is_refused_at_another_length_never_wron
     eagerly, counted: exact, never the capture's length."""
     fake_capture(monkeypatch)
     opt = t2w_mini.opt
-    cexe = _capacity(opt, monkeypatch, length_free=False)
+    cexe = _capacity(opt, length_free=False)
     voices = {p: _voice(opt, cexe, p) for p in (41, 57)}
     chunks = [(_tokens(28, 20 + i), False) for i in range(3)]
     for p, (session, stock) in voices.items():
@@ -120,30 +185,58 @@ def test_a_graph_not_lowered_length_free_is_refused_at_another_length_never_wron
     assert any("captured the value" in k for k in voices[57][0].stats()["fallbacks"]), voices[57][0].stats()
 
 
-def test_misuse_of_a_working_arena_is_a_clear_error(t2w_mini):
-    """A parked arena laid out otherwise, ``shared_captures`` not a bool or without a capacity:
-    each a clear error; under rule S (nothing replays) no working arena is made."""
+def test_a_capture_that_failed_is_tried_again_not_kept(t2w_mini, shared, monkeypatch):
+    """A capture that runs out of memory (or raises) leaves its pieces eager for that caller
+    and is not kept: the next caller captures it (a transient failure costs one set-up, not
+    every later voice's chunks)."""
+    fake_capture(monkeypatch)
+    from cadence_fx.capacity_executable import at_stream
+    from cadence_fx import step as meta
+    working = WorkingArena(shared.plan.layout, CPU)  # a fresh one: nothing captured yet
+    gm, _, sym = shared.graphs[0]
+    program = at_stream(gm, shared.dims, [torch.tensor(shared.dims[d]) for d in sym.dims], shared.plan.catalog[0],
+                        meta.arena_inputs(gm), {})
+    real = graphs.capture_entry
+    monkeypatch.setattr(graphs, "capture_entry", lambda *a, **k: (_ for _ in ()).throw(torch.OutOfMemoryError("oom")))
+    parent, failed, error = working.capture(program, shared.adapter.example_inputs(), shared.signature.inputs)
+    assert failed == {"*": "out of memory while capturing: oom"} and error is None
+    assert not working.holds(program) and working.stats()["failed_captures"] == 1
+    monkeypatch.setattr(graphs, "capture_entry", real)
+    parent, failed, error = working.capture(program, shared.adapter.example_inputs(), shared.signature.inputs)
+    assert (failed, error) == ({}, None) and working.holds(program) and working.stats()["captures"] == 1
+
+
+def test_misuse_of_shared_captures_is_a_clear_error(t2w_mini, shared):
+    """``shared_captures`` not a bool, without a capacity, or with rules that do not replay; a
+    parked arena laid out otherwise; ``capture`` where captures are per session, or at an
+    entry that is none: each a clear error."""
     import cadence_fx
     opt = t2w_mini.opt
     spk = s2.synthetic_prompt(40, seed=1)[2]
+    adapter = opt.adapter_for(CAPACITY, spk)
     with pytest.raises(CadenceError, match="shared_captures=1 must be True or False"):
-        ce.capacity_executable(opt.adapter_for(CAPACITY, spk), {}, shared_captures=1)
+        ce.capacity_executable(adapter, {}, shared_captures=1)
+    with pytest.raises(RulesError, match="rules SR or SRc"):
+        ce.capacity_executable(adapter, {}, shared_captures=True)
     with pytest.raises(CadenceError, match="needs capacity"):
         cadence_fx.optimize(t2w_mini.tail, shared_captures=True)
     with pytest.raises(CadenceError, match="must be True or False"):
         cadence_fx.optimize(t2w_mini.tail, capacity=200, shared_captures="yes")
-    cexe = ce.capacity_executable(opt.adapter_for(CAPACITY, spk), catalog_steps(opt), programs=opt.programs,
-                                  shared_captures=True)
-    assert cexe.working() is None and "working_arena" not in cexe.stats()
-    exe = ce.at_length(cexe, opt.adapter_for(82, spk))
-    assert exe.working is None
-    cexe.rules = Rules.parse("SR")  # (the graphs are S's: only the working arena is asked for here)
-    working = cexe.working()
-    adapter = opt.adapter_for(82, spk)
-    own_length = Arena(ce.build_plan(adapter).layout, CPU)  # laid out at 82 frames, not at the capacity
-    with pytest.raises(ValueError, match="laid out as its working arena"):
-        WorkingSession(exe, own_length, adapter.fallback, {}, working)
-    from cadence_fx.capacity_prepare import capture
-    cexe.rules = Rules.parse("S")
+    with pytest.raises(RulesError, match="rules SR or SRc"):
+        cadence_fx.optimize(t2w_mini.tail, capacity=200, shared_captures=True)
+    drop = cadence_fx.optimize(t2w_mini.tail, capacity=200)
+    with pytest.raises(RulesError, match="rules SR or SRc"):
+        drop.set_capacity(200, shared_captures=True)
+    assert drop.shared_captures is False and drop.capacity == (200,)  # the setting as it was
+    plain = ce.capacity_executable(adapter, catalog_steps(opt), programs=opt.programs)
+    assert plain.working() is None and "working_arena" not in plain.stats()
     with pytest.raises(CadenceError, match="captured per session"):
-        capture(cexe)
+        capture(plain)
+    for entry in (7, "2", True, -1):
+        with pytest.raises(CadenceError, match="is no catalog entry"):
+            capture(shared, entry=entry)
+    exe = ce.at_length(plain, opt.adapter_for(82, spk))
+    assert exe.working is None
+    own_length = Arena(ce.build_plan(opt.adapter_for(82, spk)).layout, CPU)  # laid out at 82 frames
+    with pytest.raises(CadenceError, match="laid out as its working arena"):
+        WorkingSession(exe, own_length, adapter.fallback, {}, WorkingArena(plain.plan.layout, CPU))

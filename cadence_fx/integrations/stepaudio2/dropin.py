@@ -68,7 +68,7 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
         super().__init__(rules, tail.device, progress, cache, off_catalog, max_specializations,
                          max_specialization_bytes, max_executables, background)
         self.capacity = check_capacity(capacity, self.rules)
-        self.shared_captures = check_shared_captures(shared_captures, self.capacity)
+        self.shared_captures = check_shared_captures(shared_captures, self.capacity, self.rules)
         self._capacities: dict = {}  # (capacity, spk shape, dtype) -> CapacityExecutable, or why none
         self._capacity_lock = threading.RLock()  # building one (a capacity held is read without it)
         self.capacity_refused: dict[int, str] = {}  # prompt frames -> why no capacity serves it
@@ -206,12 +206,12 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
         Capacities built stay, for a setting that names them again."""
         new = check_capacity(capacity, self.rules)
         shared = self.shared_captures and bool(new) if shared_captures is None else \
-            check_shared_captures(shared_captures, new)
-        if new != self.capacity or shared != self.shared_captures:
-            with self._exe_lock:
+            check_shared_captures(shared_captures, new, self.rules)
+        with self._exe_lock:  # a set-up beside this keeps no executable of the old setting
+            if new != self.capacity or shared != self.shared_captures:
                 for key in [k for k, exe in self._executables.items() if exe.notes.get("capacity")]:
                     del self._executables[key]
-        self.capacity, self.shared_captures = new, shared
+            self.capacity, self.shared_captures = new, shared
 
     @torch.inference_mode()
     def prepare_capacity(self, windows=range(4, 29), flushes=range(1, 29), spk_dtype=torch.float32) -> dict:
@@ -252,16 +252,20 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
                        for n in lengths["flushes"]]
             out[f"{cap} mel frames"] = prepare(cexe, shapes, say=self.progress)
             if cexe.working() is not None:
-                out.setdefault("captured", {})[f"{cap} mel frames"] = capture(cexe, shapes, say=self.progress)
+                out.setdefault("captured", {})[f"{cap} mel frames, shared captures"] = capture(cexe, shapes,
+                                                                                             say=self.progress)
         return out
 
     def capacity_stats(self) -> dict:
-        """Per capacity: its shared off-catalog graphs (``CapacityExecutable.stats``) or why it
-        has none; and the prompt lengths no capacity served, with why."""
+        """Per capacity built: its shared off-catalog graphs (``CapacityExecutable.stats``) or
+        why it has none (``"<C> mel frames"``; with shared captures ``"<C> mel frames, shared
+        captures"``, its working arena's stats among them); and the prompt lengths no
+        capacity served, with why."""
         with self._capacity_lock:
             built, refused = dict(self._capacities), dict(self.capacity_refused)
-        return {"capacity": list(self.capacity or ()),
-                "built": {f"{k[0]} mel frames": v if isinstance(v, str) else v.stats() for k, v in built.items()},
+        return {"capacity": list(self.capacity or ()), "shared_captures": self.shared_captures,
+                "built": {f"{k[0]} mel frames" + (", shared captures" if k[-1] else ""):
+                          v if isinstance(v, str) else v.stats() for k, v in built.items()},
                 "refused": refused}
 
     @torch.inference_mode()
@@ -271,7 +275,8 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
 
         ``stream`` (CUDA only; ignored on CPU): a ``torch.cuda.Stream`` this session's
         steps are launched on, so several sessions' replays may overlap on one GPU
-        (``Token2WavSession.submit``).  ``keep_setup``: keep a copy of the post-prompt
+        (``Token2WavSession.submit``; not with shared captures: one chunk at a time runs on a
+        capacity's working arena).  ``keep_setup``: keep a copy of the post-prompt
         state, which ``Token2WavSession.reset()`` restores at every new turn (its size is
         ``setup_bytes``: the prompt's caches; ``False`` saves it when turns never reset).
         """
@@ -301,13 +306,17 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
         return held if self.stable_state else held + self._stock_buffer_bytes
 
 
-def check_shared_captures(shared_captures, capacity) -> bool:
-    """``shared_captures`` checked (a bool, True only with a capacity); ``CadenceError`` else."""
+def check_shared_captures(shared_captures, capacity, rules: str) -> bool:
+    """``shared_captures`` checked: a bool, True only with a capacity (``CadenceError``) and
+    rules that replay (``RulesError``: SR or SRc)."""
     if not isinstance(shared_captures, bool):
         raise CadenceError(f"shared_captures={shared_captures!r} must be True or False")
     if shared_captures and not capacity:
         raise CadenceError("shared_captures=True shares each capacity's captures among its voices: it needs "
                            "capacity=... too")
+    if shared_captures and not Rules.parse(rules).replays:
+        raise RulesError(f"shared_captures=True shares captured CUDA graphs: rules SR or SRc (rules {rules!r} "
+                         f"capture nothing)")
     return shared_captures
 
 

@@ -19,7 +19,9 @@ class Token2WavSession(StreamSession):
     Per session: the arena (every carried region and scratch; rules R/Rc: copies of
     the carried state), the clock position (region extents), the counters and, under
     replay rules, the captured graphs (SR/SRc bind this arena by address) in their own
-    memory pool, with the generator state they draw from.  Shared by all sessions: the
+    memory pool, with the generator state they draw from; with shared captures
+    (``shared_captures=True``) those are the capacity's, bound to its working arena, onto
+    which this arena is copied for each chunk, one chunk at a time (``runtime.working``).  Shared by all sessions: the
     weights and the executables (one per prompt length), and the global random
     generators each draw starts from (HiFT draws noise, as upstream does), so a
     session's output depends on the generator state at each call; seed before each
