@@ -8,3 +8,5 @@
 # tests on the machine meanwhile).
 OMP_NUM_THREADS=2 python benchmarks/capacity_regions.py --n-timesteps 5 --capacity 500 --prompt-tokens 111 \
   > stdout-8ea36df.txt
+# Again at e83ec60 (length_bound after the review: host arithmetic, call_module readers, readers of
+# in-place results), stdout-e83ec60.txt: every entry line the same.
