@@ -13,13 +13,15 @@ frames, rules SR (lowered for replay on the CPU); the CUDA test is
 
 from __future__ import annotations
 
+import collections
 import copy
+import dataclasses
 
 import pytest
 import torch
 
 from cadence_fx import capacity_executable as ce
-from cadence_fx.capacity_prepare import capture, chunk_inputs, prepare
+from cadence_fx.capacity_prepare import capture, chunk_inputs
 from cadence_fx.compiler import open_session
 from cadence_fx.errors import CadenceError, RulesError
 from cadence_fx.integrations import stepaudio2 as s2
@@ -35,17 +37,22 @@ CPU = torch.device("cpu")
 CAPACITY = 200
 
 
-def _capacity(opt, length_free: bool = True):
-    """The capacity executable under rules SR with shared captures (lowered for replay on the
-    CPU); ``length_free=False``: its graphs lowered as for a session's own captures."""
+def _capacity(opt):
+    """The capacity executable under rules SR with shared captures (lowered for replay on the CPU)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ce, "check_rules", lambda rules, device: rules)
-        if not length_free:
-            real = ce.lowered_copy
-            mp.setattr(ce, "lowered_copy", lambda *a, **k: real(*a, **{**k, "length_free": False}))
         spk = s2.synthetic_prompt(40, seed=1)[2]
         return ce.capacity_executable(opt.adapter_for(CAPACITY, spk), catalog_steps(opt), "probe",
                                       programs=opt.programs, rules="SR", shared_captures=True)
+
+
+def _lowered_per_session(cexe):
+    """``cexe``'s entries lowered as for a session's own captures (pieces that take host sizes,
+    baked at capture), from its rule-S graphs, on a working arena of their own."""
+    from cadence_fx.compiler import lowered_copy
+    graphs_ = {i: (lowered_copy(cexe.checked[i], cexe.rules, "cpu", cexe.adapter.step_boundary()), plan, sym)
+               for i, (_, plan, sym) in cexe.graphs.items()}
+    return dataclasses.replace(cexe, graphs=graphs_, shared=collections.OrderedDict(), _working=None)
 
 
 @pytest.fixture(scope="module")
@@ -75,24 +82,39 @@ def _exact(session, stock, chunk, seed: int) -> str:
 
 
 def test_voices_share_one_capture_of_each_graph_on_the_working_arena_exact(t2w_mini, shared, monkeypatch):
-    """Two voices of new lengths (82 and 114 frames) interleaved chunk by chunk through two
-    turns (warm-up, growth, the trim, steady chunks, a 14-token window and a 7-token flush,
-    a reset between): every chunk replayed and exact against the stock tail (waveform, PCM,
-    every state tensor); each graph captured once for both voices, on the working arena:
-    the three entries and the window before any voice (``capacity_prepare.capture``, at the
-    capacity's own length, in inference mode as ``prepare_capacity`` runs it), the flush by
-    the first voice that sends it.  Then a failure part-way in one voice's replay breaks that
+    """Through the drop-in (``optimize(..., rules="SR", capacity=(200,), shared_captures=True)``,
+    holding the capacity's graphs built above): two voices of new lengths (82 and 114 frames)
+    interleaved chunk by chunk through two turns (warm-up, growth, the trim, steady chunks, a
+    14-token window and a 7-token flush, a reset between): every chunk replayed and exact
+    against the stock tail (waveform, PCM, every state tensor); each graph captured once for
+    both voices, on the working arena: the three entries and the window before any voice
+    (``prepare_capacity``, in inference mode, at the capacity's own length), the flush by the
+    first voice that sends it.  Then a failure part-way in one voice's replay breaks that
     voice alone (the other stays exact), ``restore`` brings it back exact, and an eager chunk
     on a working session (the fallback, on its parked state) is exact, as is the replay after."""
+    import cadence_fx
+    from cadence_fx import compiler
+    from cadence_fx.integrations import dropin
     fake_capture(monkeypatch)
-    opt, cexe = t2w_mini.opt, shared
+    monkeypatch.setattr(compiler, "check_rules", lambda rules, device: rules)  # SR on the CPU: faked captures
+    monkeypatch.setattr(dropin, "check_rules", lambda rules, device: rules)
+    cexe = shared
+    opt = cadence_fx.optimize(t2w_mini.tail, rules="SR", capacity=(CAPACITY,), shared_captures=True,
+                              off_catalog="specialize")
+    opt._capacities[(CAPACITY, (1, 192), torch.float32, True)] = cexe  # the capacity's graphs, built above
+    got = opt.prepare_capacity(windows=[14], flushes=[])
+    assert list(got[f"{CAPACITY} mel frames"].values())[0].startswith("built"), got
+    captured = got["captured"][f"{CAPACITY} mel frames, shared captures"]
+    assert len(captured) == 4 and all(h.startswith("captured in") for h in captured.values()), captured
     window = [(chunk_inputs(cexe.adapter, {"chunk_tokens": 14}), {})]
-    assert list(prepare(cexe, window).values())[0].startswith("built")
-    with torch.inference_mode():  # the drop-in's prepare_capacity and set-ups run in it
-        got = capture(cexe, window)
-    assert len(got) == 4 and all(h.startswith("captured in") for h in got.values()), got
     assert set(capture(cexe, window).values()) == {"held"}
-    voices = {p: _voice(opt, cexe, p) for p in (41, 57)}
+
+    def voice(p: int):
+        prompt = s2.synthetic_prompt(p, seed=p)
+        stock = mini_tail(n_timesteps=2, seed=0)
+        stock.set_stream_cache(*prompt)
+        return opt.open_session(*prompt), stock
+    voices = {p: voice(p) for p in (41, 57)}
     working = cexe.working()
     assert working is not None and all(isinstance(s.session, WorkingSession) and s.session.working is working
                                        for s, _ in voices.values())
@@ -113,7 +135,7 @@ def test_voices_share_one_capture_of_each_graph_on_the_working_arena_exact(t2w_m
         assert stats["working_arena"]["captures"] == 5, stats["working_arena"]  # and the flush, once
     w = working.stats()
     assert w["turns"] == 5 + 2 * 2 * len(turn) and w["copies"] == 2 * 2 * 2 * len(turn), w
-    assert cexe.stats()["working_arena"] == w
+    assert opt.capacity_stats()["built"][f"{CAPACITY} mel frames, shared captures"]["working_arena"] == w
 
     (a, stock_a), (b, stock_b) = voices[41], voices[57]
     for p in voices:  # the warm-up, then steady
@@ -166,14 +188,14 @@ def test_a_step_outside_inference_mode_after_captures_inside_it_replays_as_insid
     assert sum(inside.stats()["replays"].values()) == 3
 
 
-def test_a_graph_not_lowered_length_free_is_refused_at_another_length_never_wrong(t2w_mini, monkeypatch):
+def test_a_graph_not_lowered_length_free_is_refused_at_another_length_never_wrong(t2w_mini, shared, monkeypatch):
     """Graphs lowered as for a session's own captures (their pieces take host sizes, baked at
     capture) on a working arena: the voice whose set-up captured them replays; a voice of
     another length is refused by the replay's check, piece by piece, and runs those pieces
     eagerly, counted: exact, never the capture's length."""
     fake_capture(monkeypatch)
     opt = t2w_mini.opt
-    cexe = _capacity(opt, length_free=False)
+    cexe = _lowered_per_session(shared)
     voices = {p: _voice(opt, cexe, p) for p in (41, 57)}
     chunks = [(_tokens(28, 20 + i), False) for i in range(3)]
     for p, (session, stock) in voices.items():
