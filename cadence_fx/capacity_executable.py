@@ -260,15 +260,14 @@ def at_length(cexe: CapacityExecutable, adapter, check_hazards: bool = True, off
                                           program_kind(cexe.rules))
     sig = cexe.signature
     plan = dataclasses.replace(plan_here, layout=cexe.plan.layout)  # the capacity's arena, this length's extents
-    builder = _stream_builder(cexe, adapter, plan, dims, device_lengths, check_hazards)
+    builder = _StreamBuilder(cexe, adapter, plan, dims, device_lengths, check_hazards)
     variants = builder.variants = Variants(builder, off_catalog, max_specializations, max_specialization_bytes)
     variants.quick = builder.quick
     return Executable(plan, programs, sig.inputs, sig.outputs, tuple(sig.regions), cexe.rules,
                       {"capacity": dict(cexe.dims), "at": dims}, variants=variants, working=cexe.working())
 
 
-def _stream_builder(cexe: CapacityExecutable, adapter, plan, dims: Mapping[str, int], device_lengths: Mapping,
-                    check_hazards: bool):
+class _StreamBuilder:
     """``Variants``' ``build(key, inputs)`` for one stream: the shared graph of the key's shape
     (at a catalog entry's state), checked at this stream's length; a state off the catalog,
     or a shape whose shared graph does not serve this length (another branch class of the
@@ -276,69 +275,74 @@ def _stream_builder(cexe: CapacityExecutable, adapter, plan, dims: Mapping[str, 
     this stream's own (``compiler._variant_builder``, traced at its exact shapes on the
     capacity's arena layout: a symbolic step's buffers are laid out at the length it is
     specialized at, the arena's at the capacity, so none would serve, and each try would
-    trace another symbolic variant into the model's store)."""
-    own = _variant_builder(adapter, plan, cexe.rules, None, cexe.say)
+    trace another symbolic variant into the model's store).  ``variants``: the ``Variants``
+    it builds for (set after), whose ``background`` says where builds go."""
 
-    def build(key: VariantKey, inputs: Mapping[str, torch.Tensor]):
+    def __init__(self, cexe: CapacityExecutable, adapter, plan, dims: Mapping[str, int], device_lengths: Mapping,
+                 check_hazards: bool):
+        self.cexe, self.plan, self.dims, self.device_lengths = cexe, plan, dims, device_lengths
+        self.check_hazards = check_hazards
+        self.own = _variant_builder(adapter, plan, cexe.rules, None, cexe.say)
+        self.variants: "Variants | None" = None
+
+    def __call__(self, key: VariantKey, inputs: Mapping[str, torch.Tensor]):
         if key.entry is None:
-            return own(key, inputs)
+            return self.own(key, inputs)
         try:
-            return on_shared(key, inputs)
+            return self.on_shared(key, inputs)
         except VariantRefused as e:
             why = str(e)
-        variants = getattr(build, "variants", None)
-        if variants is not None and variants.background is not None and not in_background():
+        if self.variants is not None and self.variants.background is not None and not in_background():
             # the quick path (a held graph that serves this length, then refused by the hazard
             # check here): a trace of this stream's own would make the chunk wait for it
             raise VariantRefused(f"{why}; a program of this stream's own is not traced on a chunk while builds go "
                                  f"to the background")
         try:
-            program, nbytes, how = own(key, inputs)
+            program, nbytes, how = self.own(key, inputs)
         except NeedsForeground:
             raise
         except Exception as e:
             raise VariantRefused(f"{why}; nor a program of this stream's own: {type(e).__name__}: {e}") from e
         return program, nbytes, f"this stream's own ({how}): {why}"
 
-    def on_shared(key: VariantKey, inputs: Mapping[str, torch.Tensor]):
+    def on_shared(self, key: VariantKey, inputs: Mapping[str, torch.Tensor]):
+        cexe, dims = self.cexe, self.dims
         shared = shared_variant(cexe, key, inputs)
-        nxt = serves(key, shared)
-        lengths = [device_lengths[d] for d in shared.sym.dims]
-        if check_hazards:
+        nxt = self.serves(key, shared)
+        lengths = [self.device_lengths[d] for d in shared.sym.dims]
+        if self.check_hazards:
             example = [copy_strided(inputs[n]) for n in cexe.signature.inputs]
             problems = _hazards(shared.checked, cexe, example, dims, lengths)
             if problems:
                 raise VariantRefused(f"{key.label()} at {dims}: the arena's state is overwritten before it is read: "
                                      f"{problems[0]}")
-        program = at_stream(shared.gm, dims, lengths, variant_entry(plan, key), meta.arena_inputs(shared.gm), nxt,
-                            program_kind(cexe.rules))
+        program = at_stream(shared.gm, dims, lengths, variant_entry(self.plan, key), meta.arena_inputs(shared.gm),
+                            nxt, program_kind(cexe.rules))
         return program, shared.nbytes, f"the capacity's shared graph ({shared.how})"
 
-    def serves(key: VariantKey, shared: SharedGraph) -> dict:
+    def serves(self, key: VariantKey, shared: SharedGraph) -> dict:
         """The next state's extents of ``shared`` at this stream's length; ``VariantRefused``
         where it does not serve that length."""
         try:
-            check_dims(shared.plan, shared.sym, dims)
-            return extents_at(shared.sym, plan, dims)
+            check_dims(shared.plan, shared.sym, self.dims)
+            return extents_at(shared.sym, self.plan, self.dims)
         except SpecializationRefused as e:
-            raise VariantRefused(f"the shared graph of {_label(_shape(key))} does not serve {dims}: {e}") from e
+            raise VariantRefused(f"the shared graph of {_label(_shape(key))} does not serve {self.dims}: {e}") from e
 
-    def quick(key: VariantKey) -> bool:
+    def quick(self, key: VariantKey) -> bool:
         """Whether ``key``'s build is only a check of a shared graph held that serves this
         length (made on the stream's thread even while builds go to the background)."""
         if key.entry is None:
             return False
-        with cexe._lock:
-            shared = cexe.shared.get(_shape(key))
+        with self.cexe._lock:
+            shared = self.cexe.shared.get(_shape(key))
         if not isinstance(shared, SharedGraph):
             return False
         try:
-            serves(key, shared)
+            self.serves(key, shared)
         except VariantRefused:
             return False  # this stream's own program: a build like any other
         return True
-    build.quick = quick
-    return build
 
 
 def _shape(key: VariantKey) -> tuple:

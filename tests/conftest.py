@@ -78,7 +78,7 @@ _FILE_SECONDS = {
     "tests/integrations/test_generic.py": 13, "tests/tools/test_bench.py": 13, "tests/runtime/test_variants.py": 12,
     # session thirty-eight's, on this machine with one worker: the capacity form's files (thirty-nine: with windows, the
     # drop-in; forty: another class's flush, prepare, the partition, misuse: 147 s alone in a clean clone)
-    "tests/integrations/test_capacity_executable.py": 147, "tests/integrations/test_working_arena.py": 80, "tests/passes/test_capacity.py": 32,
+    "tests/integrations/test_capacity_executable.py": 147, "tests/integrations/test_working_arena.py": 65, "tests/passes/test_capacity.py": 32,
 }
 
 

@@ -84,8 +84,9 @@ def _exact(session, stock, chunk, seed: int) -> str:
 def test_voices_share_one_capture_of_each_graph_on_the_working_arena_exact(t2w_mini, shared, monkeypatch):
     """Through the drop-in (``optimize(..., rules="SR", capacity=(200,), shared_captures=True)``,
     holding the capacity's graphs built above): two voices of new lengths (82 and 114 frames)
-    interleaved chunk by chunk through two turns (warm-up, growth, the trim, steady chunks, a
-    14-token window and a 7-token flush, a reset between): every chunk replayed and exact
+    interleaved chunk by chunk through a turn (warm-up, growth, the trim, steady chunks, a
+    14-token window and a 7-token flush), then a reset and a second turn of the first voice
+    while the second is reset and starts again: every chunk replayed and exact
     against the stock tail (waveform, PCM, every state tensor); each graph captured once for
     both voices, on the working arena: the three entries and the window before any voice
     (``prepare_capacity``, in inference mode, at the capacity's own length), the flush by the
@@ -124,7 +125,8 @@ def test_voices_share_one_capture_of_each_graph_on_the_working_arena_exact(t2w_m
     for t in range(2):
         for i in range(len(turn)):
             for p, (session, stock) in voices.items():
-                routes[p].append(_exact(session, stock, turn[i], 100 * p + 10 * t + i))
+                if t == 0 or p == 41:  # (the second voice's second turn: the first's, at another length)
+                    routes[p].append(_exact(session, stock, turn[i], 100 * p + 10 * t + i))
         for p, (session, stock) in voices.items():
             session.reset()
             stock.set_stream_cache(*s2.synthetic_prompt(p, seed=p))
@@ -134,13 +136,12 @@ def test_voices_share_one_capture_of_each_graph_on_the_working_arena_exact(t2w_m
         assert not any(k.startswith("region refused replay") for k in stats["fallbacks"]), stats["fallbacks"]
         assert stats["working_arena"]["captures"] == 5, stats["working_arena"]  # and the flush, once
     w = working.stats()
-    assert w["turns"] == 5 + 2 * 2 * len(turn) and w["copies"] == 2 * 2 * 2 * len(turn), w
+    assert w["turns"] == 5 + 3 * len(turn) and w["copies"] == 2 * 3 * len(turn), w
     assert opt.capacity_stats()["built"][f"{CAPACITY} mel frames, shared captures"]["working_arena"] == w
 
     (a, stock_a), (b, stock_b) = voices[41], voices[57]
-    for p in voices:  # the warm-up, then steady
-        for i in range(3):
-            _exact(*voices[p], turn[i], 900 + 10 * p + i)
+    for i in range(3):  # the first voice's warm-up, then steady (the second's state: right after its reset)
+        _exact(a, stock_a, turn[i], 900 + i)
     saved, stock_saved = a.snapshot(), copy.deepcopy(stock_a)
     real, calls = graphs.CapturedRegion.forward, []
 
