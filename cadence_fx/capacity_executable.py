@@ -95,8 +95,8 @@ class CapacityExecutable:
 
     def working(self) -> "WorkingArena | None":
         """The working arena every stream's graphs run on (made on first need), or None where
-        each session captures its own (``shared_captures`` off, or rules that do not replay)."""
-        if not (self.shared_captures and self.rules.replays):
+        each session captures its own (``shared_captures`` off)."""
+        if not self.shared_captures:  # (capacity_executable: only under rules that replay)
             return None
         with self._lock:
             if self._working is None:
@@ -113,7 +113,7 @@ class CapacityExecutable:
                "held": {_label(k): {"how": v.how, "build_s": v.build_s, "bytes": v.nbytes}
                         for k, v in items if isinstance(v, SharedGraph)},
                "refused": {_label(k): v for k, v in items if isinstance(v, str)}}
-        if self.shared_captures and self.rules.replays:
+        if self.shared_captures:
             out["working_arena"] = working.stats() if working is not None else None
         return out
 

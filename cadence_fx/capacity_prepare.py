@@ -110,8 +110,7 @@ def capture(cexe: CapacityExecutable, shapes=(), entry: int | None = None,
     not shared, or for an ``entry`` that is no catalog entry."""
     working = cexe.working()
     if working is None:
-        raise CadenceError("capture: this capacity's graphs are captured per session (shared_captures=False, or "
-                           "rules that do not replay)")
+        raise CadenceError("capture: this capacity's graphs are captured per session (shared_captures=False)")
     say = say or cexe.say
     plan, sig = cexe.plan, cexe.signature
     index = _entry_index(plan, entry, "capture")

@@ -299,8 +299,7 @@ class Session:
     def _must_warm_up(self, stream) -> bool:
         """Whether a capture on this session's ``stream`` runs its regions eagerly first (both
         capture paths ask here): not where this thread warmed it (``streams.is_warm``) or primes it."""
-        cuda = self._expect_device.type == "cuda"  # a CPU fake: the session's first capture warms up
-        return not (streams.is_warm(stream) or streams.prime(stream)) if cuda else not self._warmed
+        return streams.needs_warm_up(stream, self._expect_device.type == "cuda", self._warmed)
 
     def _warmed_up(self, stream) -> None:
         self._warmed = True

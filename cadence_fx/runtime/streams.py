@@ -85,6 +85,13 @@ def is_warm(stream: Any) -> bool:
         return _warm_key(stream) in _warm
 
 
+def needs_warm_up(stream: Any, cuda: bool, warmed_before: bool) -> bool:
+    """Whether a capture on ``stream`` runs its regions eagerly first (every capture path
+    asks here): on CUDA, not where this thread warmed it up or primes it now; a CPU fake
+    (``cuda`` False, tests), until its owner's first capture ran (``warmed_before``)."""
+    return not (is_warm(stream) or prime(stream)) if cuda else not warmed_before
+
+
 def prime(stream: Any) -> bool:
     """Warm ``stream`` for this thread with a few tiny GEMMs (cuBLAS's workspace for the
     stream and this thread's handle, through the plain and the bias-fused paths), if this

@@ -139,13 +139,13 @@ class WorkingArena:
             elif self.pool is None:  # a CPU fake (tests): a pool, no generator state, no stream of its own
                 self.pool = GraphPool()
             stream = self._stream
-            warm = streams.is_warm(stream) or streams.prime(stream) if cuda else self._warmed
+            warm_up = streams.needs_warm_up(stream, cuda, self._warmed)
             self.arena.storage.zero_()  # what a session's set-up captures on
             args = program.arguments(inputs, names, [self.arena.full(n) for n in program.arena_inputs])
             reserve_copies(self.pool, [program.run], self.device)
             with torch.inference_mode(False), torch.no_grad(), program.entered():  # normal static buffers
                 got = capture_variant(program.run, args, self.pool, self.arena.storage.data_ptr(), stream,
-                                      self.device, self.rng, warm_up=not warm)
+                                      self.device, self.rng, warm_up=warm_up)
             if got[2] is None:  # it ran: the stream is warm now
                 self._warmed = True
                 if cuda:

@@ -212,7 +212,7 @@ def run(args) -> int:
         if args.background:
             opt.set_background(was_background)
         if args.capacity is not None:
-            opt.set_capacity(was_capacity, was_shared and bool(was_capacity))
+            opt.set_capacity(was_capacity, was_shared)
         foreground.set_build_share(old_share)
     _emit(args, report)
     return 0 if report["exact"] else 1

@@ -119,7 +119,7 @@ def test_traffic_on_capacity_graphs_is_exact_and_restores_the_models_setting(sma
     with pytest.raises(SystemExit, match="shares captured CUDA graphs: rules SR or SRc"):
         cli.main(["traffic", "--model", SMALL, "--capacity", "20", "--shared-captures"])
     assert report["shared_captures"] is False and report["working_arenas"] == []
-    assert report["prepare"]["captured"] is None  # (shared: on a GPU, benchmarks/shared_captures_call.sh)
+    assert report["prepare"]["captured"] is None  # (shared: on a GPU, capacity_r_call.sh --shared-captures)
 
 
 def test_the_warm_up_voices_are_two_adjacent_free_lengths_never_both_of_token2wavs_rare_class():
