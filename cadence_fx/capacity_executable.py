@@ -52,6 +52,7 @@ from .passes.capacity_plan import CapacityPlan
 from .passes.specialize import _value, bind_dims, check_guards
 from .passes.trace_symbolic import SymbolicStep, SymTensor
 from .programs.entry import symbolic_entry
+from .runtime import collector
 from .runtime.arena import Arena, copy_strided
 from .runtime.session import EntryProgram, Executable
 from .runtime.working import WorkingArena
@@ -245,19 +246,22 @@ def at_length(cexe: CapacityExecutable, adapter, check_hazards: bool = True, off
                          f"the capacity's {sorted(cexe.graphs)}")
     programs = {}
     device_lengths = {d: torch.tensor(v, device=cexe.device) for d, v in dims.items()}  # read only: every program's
-    for entry in plan_here.catalog:
-        gm, cplan, sym = cexe.graphs[entry.index]
-        check_dims(cplan, sym, dims)
-        lengths = [device_lengths[d] for d in sym.dims]
-        if check_hazards:
-            problems = _hazards(cexe.checked[entry.index], cexe, list(adapter.example_inputs().values()), dims,
-                                lengths)
-            if problems:
-                raise PassError(f"entry {entry.index} at {dims}: the arena's state is overwritten before it is "
-                                f"read: {problems[0]}")
-        nxt = {b.name: b.extent_out for b in region_bindings(plan_here, entry) if b.carried}
-        programs[entry.index] = at_stream(gm, dims, lengths, entry, meta.arena_inputs(gm), nxt,
-                                          program_kind(cexe.rules))
+    scratch: dict = {}  # the hazard walks' regions, one set for every entry (values never read)
+    with collector.held():  # the walks make tens of thousands of views: no collection among them (a new voice waits)
+        for entry in plan_here.catalog:
+            gm, cplan, sym = cexe.graphs[entry.index]
+            check_dims(cplan, sym, dims)
+            lengths = [device_lengths[d] for d in sym.dims]
+            if check_hazards:
+                problems = _hazards(cexe.checked[entry.index], cexe, list(adapter.example_inputs().values()), dims,
+                                    lengths, scratch)
+                if problems:
+                    raise PassError(f"entry {entry.index} at {dims}: the arena's state is overwritten before it is "
+                                    f"read: {problems[0]}")
+            nxt = {b.name: b.extent_out for b in region_bindings(plan_here, entry) if b.carried}
+            programs[entry.index] = at_stream(gm, dims, lengths, entry, meta.arena_inputs(gm), nxt,
+                                              program_kind(cexe.rules))
+        del scratch
     sig = cexe.signature
     plan = dataclasses.replace(plan_here, layout=cexe.plan.layout)  # the capacity's arena, this length's extents
     builder = _StreamBuilder(cexe, adapter, plan, dims, device_lengths, check_hazards)
@@ -513,25 +517,35 @@ def extents_at(sym: SymbolicStep, plan, dims: Mapping[str, int]) -> dict:
 
 
 def _hazards(gm: fx.GraphModule, cexe: CapacityExecutable, inputs: list, dims: Mapping[str, int],
-             lengths: list) -> list:
+             lengths: list, scratch: "dict | None" = None) -> list:
     slots = {n: (cexe.plan.layout.slot(n).shape, getattr(torch, cexe.plan.layout.slot(n).dtype))
              for n in meta.arena_inputs(gm)}
-    return hazards_at(gm, slots, cexe.device, inputs, dims, lengths)
+    return hazards_at(gm, slots, cexe.device, inputs, dims, lengths, scratch)
 
 
 def hazards_at(gm: fx.GraphModule, slots: Mapping[str, tuple], device, inputs: list, dims: Mapping[str, int],
-               lengths: list) -> list:
+               lengths: list, scratch: "dict | None" = None) -> list:
     """``state_rewrite``'s region hazards of a rule-S capacity graph at ``dims`` on scratch
     regions (``slots``: region -> (shape, dtype)): reads of old state after a write to the
     same bytes, as ``aliasing.region_hazards`` words them.  From the region views alone at
     the host sizes of ``dims`` (``aliasing.record_region_accesses``: nothing of the step
-    runs); where that walk cannot follow, from running the graph once on zeroed regions."""
-    regions = {n: torch.zeros(shape, dtype=dtype, device=device) for n, (shape, dtype) in slots.items()}
+    runs, so the regions are left unwritten: ``torch.empty``); where that walk cannot follow,
+    from running the graph once on zeroed regions.  ``scratch``: regions to reuse, by name,
+    shape and dtype (a caller checking several graphs at one length: one allocation)."""
+    scratch = {} if scratch is None else scratch
+    regions = {}
+    for n, (shape, dtype) in slots.items():
+        key = (n, tuple(shape), dtype)
+        if key not in scratch:
+            scratch[key] = torch.empty(shape, dtype=dtype, device=device)
+        regions[n] = scratch[key]
     with at_dims(dims):  # the host sizes the region views take: the walk needs no run of the model
         try:
             return aliasing.region_hazards(aliasing.record_region_accesses(gm, regions, capacity_ops.host_sizes(gm)))
         except aliasing.NeedsFullRun:
             pass
+    for r in regions.values():  # the run reads them: defined values (NaN in fresh memory could steer a branch)
+        r.zero_()
     args = list(inputs) + list(lengths) + [regions[n] for n in meta.arena_inputs(gm)]
     devices = [torch.device(device)] if torch.device(device).type == "cuda" else []
     with at_dims(dims), forked_rng(devices, "the capacity executable's hazard check"), torch.no_grad():

@@ -423,9 +423,9 @@ def test_the_hazard_check_runs_at_each_streams_own_length(shared, monkeypatch):
     calls = []
     real = ce.hazards_at
 
-    def spy(gm, slots, device, inputs, dims, lengths):
+    def spy(gm, slots, device, inputs, dims, lengths, scratch=None):
         calls.append((dict(dims), [int(x) for x in lengths]))
-        return real(gm, slots, device, inputs, dims, lengths)
+        return real(gm, slots, device, inputs, dims, lengths, scratch)
     monkeypatch.setattr(ce, "hazards_at", spy)
     session, stock = stream_at(opt, cexe, 43)  # 86 frames
     assert calls == [({"prompt_frames": 86}, [86])] * 3, calls  # the catalog's three entries
