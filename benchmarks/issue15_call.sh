@@ -1,0 +1,22 @@
+#!/bin/bash
+# Issue 15's H200 line in one device call: `cadence-fx traffic` (8 MiniCPM-o-shaped conversations,
+# SRc, fp32, 5 steps) on capacity graphs (--capacity 512) with every window and flush shape built and
+# captured before the first voice (--prepare --shared-captures), every chunk against its own stock
+# tail.  Progress lines go to traffic/log.txt (what was reached if the call runs out of time).
+# Run through the device tool with carry [".whl"]:
+#     bash benchmarks/issue15_call.sh <commit> [seconds, default 570]
+# Outputs under /tmp/r, tarred to $OUT/r.tgz at the end (and every 60 s meanwhile).
+set -u
+C=${1:?usage: issue15_call.sh <commit> [seconds]}
+LIMIT=${2:-570}
+. benchmarks/device_env.sh $C cadence_fx/capacity_executable.py cadence_fx/capacity_prepare.py \
+  cadence_fx/tools/traffic.py cadence_fx/integrations/stepaudio2/dropin.py
+mkdir -p /tmp/r/traffic
+( while sleep 60; do (cd /tmp && tar czf $OUT/r.tgz r); done ) & ticker=$!
+start=$SECONDS
+timeout $LIMIT python3 -m cadence_fx traffic --device cuda --rules SRc --n-timesteps 5 --conversations 8 \
+  --seed 0 --capacity 512 --prepare --shared-captures --json --out /tmp/r/traffic \
+  > /tmp/r/traffic/stdout.txt 2> /tmp/r/traffic/log.txt
+echo "traffic rc=$? at $((SECONDS-start)) s"; tail -1 /tmp/r/traffic/stdout.txt | cut -c1-1500
+tail -5 /tmp/r/traffic/log.txt | cut -c1-300
+kill $ticker 2>/dev/null; (cd /tmp && tar czf $OUT/r.tgz r)
