@@ -36,6 +36,7 @@ import collections
 import dataclasses
 import threading
 import time
+import weakref
 from typing import Any, Callable, Mapping
 
 import torch
@@ -210,6 +211,7 @@ def capacity_executable(adapter, steps: "Mapping[int, SymbolicStep] | None" = No
         with at_dims(dims):  # EarlyWriteback's check runs the graph, at the capacity
             gm, _ = rewrite_pipeline(region_bindings(plan, entry), "S", device.type)(gm)
         checked[entry.index] = gm
+        walk_plan(gm)  # every stream's set-up walks it (at_length): plan that walk once, here
         graphs[entry.index] = (lowered_copy(gm, rules, device.type, adapter.step_boundary(),
                                             length_free=shared_captures), cplan, sym)
     return CapacityExecutable(plan, graphs, adapter.signature, dims, device, adapter, programs, by_region,
@@ -316,7 +318,8 @@ class _StreamBuilder:
         lengths = [self.device_lengths[d] for d in shared.sym.dims]
         if self.check_hazards:
             example = [copy_strided(inputs[n]) for n in cexe.signature.inputs]
-            problems = _hazards(shared.checked, cexe, example, dims, lengths)
+            with collector.held():  # as at_length's: a collection among the walk's views costs more than the walk
+                problems = _hazards(shared.checked, cexe, example, dims, lengths)
             if problems:
                 raise VariantRefused(f"{key.label()} at {dims}: the arena's state is overwritten before it is read: "
                                      f"{problems[0]}")
@@ -447,6 +450,7 @@ def _build_shared(cexe: CapacityExecutable, key: VariantKey, inputs: Mapping[str
         gm, _ = rewrite_pipeline(bindings, "S", cexe.device.type)(gm)
     how = f"{setup.get('how', '?')} (variant {setup.get('variant')}, program {setup.get('program')})"
     run = lowered_copy(gm, cexe.rules, cexe.device.type, adapter.step_boundary(), length_free=cexe.shared_captures)
+    walk_plan(gm)  # each stream's check of this graph walks it: plan that walk here, with the build
     return SharedGraph(run, cplan, bound, own_bytes(gm, adapter), 0.0, how, gm)
 
 
@@ -516,6 +520,20 @@ def extents_at(sym: SymbolicStep, plan, dims: Mapping[str, int]) -> dict:
         raise SpecializationRefused(str(e)) from e
 
 
+#: each checked graph's walk plan (``aliasing.WalkPlan``: what the hazard walk visits, the same at every length)
+_PLANS: "weakref.WeakKeyDictionary[fx.GraphModule, aliasing.WalkPlan]" = weakref.WeakKeyDictionary()
+_PLANS_LOCK = threading.Lock()
+
+
+def walk_plan(gm: fx.GraphModule) -> aliasing.WalkPlan:
+    """``gm``'s hazard-walk plan, made once (again if the graph changed since)."""
+    with _PLANS_LOCK:
+        plan = _PLANS.get(gm)
+        if plan is None or not plan.fits(gm):
+            plan = _PLANS[gm] = aliasing.WalkPlan(gm)
+        return plan
+
+
 def _hazards(gm: fx.GraphModule, cexe: CapacityExecutable, inputs: list, dims: Mapping[str, int],
              lengths: list, scratch: "dict | None" = None) -> list:
     slots = {n: (cexe.plan.layout.slot(n).shape, getattr(torch, cexe.plan.layout.slot(n).dtype))
@@ -539,9 +557,11 @@ def hazards_at(gm: fx.GraphModule, slots: Mapping[str, tuple], device, inputs: l
         if key not in scratch:
             scratch[key] = torch.empty(shape, dtype=dtype, device=device)
         regions[n] = scratch[key]
+    plan = walk_plan(gm)
     with at_dims(dims):  # the host sizes the region views take: the walk needs no run of the model
         try:
-            return aliasing.region_hazards(aliasing.record_region_accesses(gm, regions, capacity_ops.host_sizes(gm)))
+            return aliasing.region_hazards(aliasing.record_region_accesses(gm, regions, capacity_ops.host_sizes(gm),
+                                                                           plan))
         except aliasing.NeedsFullRun:
             pass
     for r in regions.values():  # the run reads them: defined values (NaN in fresh memory could steer a branch)

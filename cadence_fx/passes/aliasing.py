@@ -128,8 +128,37 @@ class NeedsFullRun(Exception):
     """The graph does something to region memory the region-only walk cannot follow."""
 
 
+class WalkPlan:
+    """What ``record_region_accesses`` visits of a graph that no longer changes, worked out
+    once (nothing in it depends on the sizes a walk runs at): the S/B tags (``origins``) and
+    the nodes that may take region memory, in order.  Those are the arena placeholders' and,
+    by the walk's own rules, the nodes a view, an in-place op, an unannotated view or a
+    shared step's call makes of them; every other node the walk passes over at every size.
+    A capacity graph is walked once per stream length (``capacity_executable.hazards_at``):
+    with a plan each walk visits ~a tenth of its nodes and tags none.  ``fits(gm)``: the plan
+    is ``gm``'s as it is now (a graph rewritten since is planned again)."""
+
+    def __init__(self, gm: fx.GraphModule):
+        self.graph, self.count = gm.graph, len(gm.graph.nodes)
+        self.tags = origins(gm)
+        maybe = {n for n in gm.graph.nodes if n.op == "placeholder" and meta.role(n) is Role.ARENA}
+        self.nodes: list[tuple[int, fx.Node]] = []
+        for index, n in enumerate(gm.graph.nodes):
+            if n.op not in ("call_function", "call_module") or not any(a in maybe for a in n.all_input_nodes):
+                continue
+            self.nodes.append((index, n))
+            first = n.args[0] if n.args else None
+            if n.op == "call_module" or (isinstance(first, fx.Node) and first in maybe and (is_view(n) or returns_written(n)
+                                                             or n.target in _UNANNOTATED_VIEWS)):
+                maybe.add(n)  # may be region memory after the walk's step (a call: its items may)
+
+    def fits(self, gm: fx.GraphModule) -> bool:
+        return gm.graph is self.graph and len(gm.graph.nodes) == self.count
+
+
 def record_region_accesses(gm: fx.GraphModule, regions: Mapping[str, torch.Tensor],
-                           scalars: "Mapping[fx.Node, object] | None" = None) -> list[Access]:
+                           scalars: "Mapping[fx.Node, object] | None" = None,
+                           plan: "WalkPlan | None" = None) -> list[Access]:
     """``record_accesses`` without running the model: the same log, from the region views alone.
 
     Only region memory is logged, and only views of it (and in-place ops, whose result
@@ -140,7 +169,10 @@ def record_region_accesses(gm: fx.GraphModule, regions: Mapping[str, torch.Tenso
     (a call that is not an aten op takes region memory, a view's argument is unknown):
     the caller then runs the graph (``record_accesses``).  ``scalars``: values of nodes
     that are not region memory but that views of it take (a capacity graph's host sizes).
+    ``plan``: ``gm``'s ``WalkPlan`` (the same log, from fewer nodes; refused if ``gm`` changed).
     """
+    if plan is not None and not plan.fits(gm):
+        raise ValueError("record_region_accesses: the walk plan is another graph's (or the graph changed since)")
     storages = {r: t.untyped_storage().data_ptr() for r, t in regions.items()}
     env: dict[fx.Node, object] = {}
     for node in gm.graph.nodes:
@@ -148,21 +180,23 @@ def record_region_accesses(gm: fx.GraphModule, regions: Mapping[str, torch.Tenso
             env[node] = regions[meta.region(node)]
     log: list[Access] = []
     with torch.no_grad():
-        _walk(gm, None, env, origins(gm), storages, log, {}, scalars or {})
+        _walk(gm, None, env, plan.tags if plan is not None else origins(gm), storages, log, {}, scalars or {},
+              plan.nodes if plan is not None else None)
     return log
 
 
 def _walk(gm: fx.GraphModule, positions: "Mapping | None", env: dict, tags: Mapping, storages: Mapping,
-          log: list, memo: dict, scalars: Mapping = {}) -> None:
+          log: list, memo: dict, scalars: Mapping = {}, nodes: "list | None" = None) -> None:
     """``record_region_accesses``' walk over one graph (a shared step's call: over its
-    submodule, at the call's arguments; ``memo``: ``_inner``'s)."""
+    submodule, at the call's arguments; ``memo``: ``_inner``'s; ``nodes``: a ``WalkPlan``'s,
+    else every node)."""
 
     value = functools.partial(_value, env=env, scalars=scalars)
 
     def known(a) -> bool:
         return isinstance(a, fx.Node) and a in env
 
-    for index, n in enumerate(gm.graph.nodes):
+    for index, n in (nodes if nodes is not None else enumerate(gm.graph.nodes)):
         position = positions[n] if positions is not None else index
         if n.op not in ("call_function", "call_module"):
             continue

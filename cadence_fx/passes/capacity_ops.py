@@ -93,13 +93,22 @@ def within(dims: tuple, capacities: tuple, names: tuple, guards: tuple, extents:
             raise ValueError(f"the device length len_{d} is {int(t)}, the dims say {v}")
 
 
+@functools.lru_cache(maxsize=256)
+def _guards(names: tuple, guards: tuple) -> tuple:
+    """The guards' texts read once (sympy's parser takes milliseconds a text; a new length
+    only substitutes its values)."""
+    import sympy
+    symbols = tuple(sympy.Symbol(n, integer=True) for n in names)
+    return symbols, tuple(sympy.sympify(g, locals=dict(zip(names, symbols))) for g in guards)
+
+
 @functools.lru_cache(maxsize=4096)
 def _refusal(names: tuple, guards: tuple, extents: tuple, values: tuple, capacities: tuple) -> str:
     """Why ``values`` is not a length the graph serves ("" if it is); memoized per length."""
     import sympy
-    binding = {sympy.Symbol(n, integer=True): sympy.Integer(v) for n, v in zip(names, values)}
-    for g in guards:
-        expr = sympy.sympify(g, locals={n: s for n, s in zip(names, binding)})
+    symbols, exprs = _guards(names, guards)
+    binding = {s: sympy.Integer(v) for s, v in zip(symbols, values)}
+    for g, expr in zip(guards, exprs):
         if bool(expr.xreplace(binding)) is not True:
             return f"guard {g} does not hold"
     for text in extents:

@@ -436,6 +436,30 @@ def test_the_hazard_check_runs_at_each_streams_own_length(shared, monkeypatch):
 
 
 
+def test_the_hazard_walks_plan_logs_what_the_whole_walk_logs(shared):
+    """``hazards_at`` walks a capacity graph once per stream length through its ``WalkPlan``
+    (the nodes that may take region memory, found once): at every length the log is the
+    whole walk's, access for access, and the plan leaves most nodes out."""
+    from cadence_fx import step as meta
+    from cadence_fx.passes import aliasing, capacity_ops
+    _, cexe = shared
+    moved = []
+    for index, gm in sorted(cexe.checked.items()):
+        plan = aliasing.WalkPlan(gm)
+        assert 0 < len(plan.nodes) < len(gm.graph.nodes) // 2, (index, len(plan.nodes))
+        regions = {n: torch.empty(cexe.plan.layout.slot(n).shape, dtype=getattr(torch, cexe.plan.layout.slot(n).dtype))
+                   for n in meta.arena_inputs(gm)}
+        logs = []
+        for frames in (CAPACITY, 86, 114):
+            with capacity_ops.at_dims({"prompt_frames": frames}):
+                sizes = capacity_ops.host_sizes(gm)
+                whole = aliasing.record_region_accesses(gm, regions, sizes)
+                assert aliasing.record_region_accesses(gm, regions, sizes, plan) == whole, (index, frames)
+            logs.append(whole)
+        moved.append(logs[0] != logs[1])
+    assert any(moved), moved  # some entry's accesses move with the length: the walk is per length
+
+
 def test_a_build_that_needs_the_foreground_is_not_remembered_as_refused(shared, monkeypatch):
     """A shape's build on a background thread that needs the foreground (a trace, a full run:
     ``NeedsForeground``, wrapped by a pass as a ``PassError``) leaves nothing behind: the

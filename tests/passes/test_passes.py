@@ -687,6 +687,12 @@ class TestAliasing(TestCase):
         self.assertEqual(aliasing.record_region_accesses(gm, arena), accesses)
         self.assertEqual(aliasing.record_region_accesses(safe, arena),
                          aliasing.record_accesses(safe, [inputs["x"], arena["kv"], arena["c"]], arena))
+        # with a walk plan (what a capacity graph's per-length check keeps): the same log, a plan of
+        # another graph refused
+        plan = aliasing.WalkPlan(gm)
+        self.assertEqual(aliasing.record_region_accesses(gm, arena, plan=plan), accesses)
+        with self.assertRaisesRegex(ValueError, "another graph's"):
+            aliasing.record_region_accesses(safe, arena, plan=plan)
 
     def test_write_through_the_state_view(self):
         def step(inputs, state):
