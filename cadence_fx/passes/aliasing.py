@@ -271,15 +271,18 @@ def region_hazards(accesses: list[Access]) -> list[str]:
     one: a write through the state view would change what the buffer reads.
     """
     problems = []
-    writes_b = [a for a in accesses if a.kind == "write" and a.origin in ("B", "?")]
+    writes_b: dict[str, list[Access]] = {}  # by region, in the log's order (the first overlap is the one named)
+    for a in accesses:
+        if a.kind == "write" and a.origin in ("B", "?"):
+            writes_b.setdefault(a.region, []).append(a)
     through_buffer = {a.region for a in accesses if a.origin in ("B", "?")}
     for a in accesses:
         if a.kind == "write" and (a.origin == "?" or (a.origin == "S" and a.region in through_buffer)):
             problems.append(f"{a.node} writes region {a.region!r} through the state view; "
                             "upstream wrote a separate tensor there")
         if a.origin in ("S", "?") and a.kind == "read":
-            for w in writes_b:
-                if w.region == a.region and w.position < a.position and w.lo < a.hi and a.lo < w.hi:
+            for w in writes_b.get(a.region, ()):
+                if w.position < a.position and w.lo < a.hi and a.lo < w.hi:
                     problems.append(f"{a.node} reads old state of region {a.region!r} bytes [{a.lo}, {a.hi}) "
                                     f"after {w.node} overwrote [{w.lo}, {w.hi}) through the buffer")
                     break
