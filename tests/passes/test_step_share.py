@@ -180,6 +180,8 @@ def test_the_region_walk_follows_a_call_into_its_ops():
             accesses = aliasing.record_accesses(g, [torch.randn(2, 4), region], {"cache": region})
         else:
             accesses = aliasing.record_region_accesses(g, {"cache": region})
+            # a walk plan (the calls of the shared step among its nodes) logs the same
+            assert aliasing.record_region_accesses(g, {"cache": region}, plan=aliasing.WalkPlan(g)) == accesses
         assert [a.position for a in accesses] == sorted(a.position for a in accesses)
         return [(a.region, a.origin, a.kind, a.lo, a.hi) for a in accesses]
 
