@@ -148,8 +148,8 @@ class WalkPlan:
                 continue
             self.nodes.append((index, n))
             first = n.args[0] if n.args else None
-            if n.op == "call_module" or (isinstance(first, fx.Node) and first in maybe and (is_view(n) or returns_written(n)
-                                                             or n.target in _UNANNOTATED_VIEWS)):
+            passes_on = is_view(n) or returns_written(n) or n.target in _UNANNOTATED_VIEWS  # _walk's env rules
+            if n.op == "call_module" or (passes_on and isinstance(first, fx.Node) and first in maybe):
                 maybe.add(n)  # may be region memory after the walk's step (a call: its items may)
 
     def fits(self, gm: fx.GraphModule) -> bool:
