@@ -75,7 +75,7 @@ def main(argv=None) -> int:
         stock.set_stream_cache(*prompt)
         session = opt.open_session(*prompt)
         at_length_s = spent.get("at_length", 0.0)
-        chunks = [(tokens(28), False)] * 3 + [(tokens(w), False) for w in windows] + [(tokens(args.flush), True)]
+        chunks = [(tokens(28), False) for _ in range(3)] + [(tokens(w), False) for w in windows] + [(tokens(args.flush), True)]
         checks = []
         for i, chunk in enumerate(chunks):
             spent.clear()
