@@ -15,7 +15,7 @@ C=${1:?usage: capacity_r_call.sh <commit> [--shared-captures]}
 SHARED=${2:-}
 [ -z "$SHARED" ] || [ "$SHARED" = --shared-captures ] || { echo "capacity_r_call.sh: unknown option $SHARED" >&2; exit 2; }
 . benchmarks/device_env.sh $C cadence_fx/capacity_executable.py benchmarks/capacity_voices.py \
-  tests/integrations/test_capacity_executable.py cadence_fx/tools/traffic.py
+  tests/integrations/test_capacity_executable.py cadence_fx/tools/traffic.py cadence_fx/capacity_hazards.py
 mkdir -p /tmp/r/suite /tmp/r/voices /tmp/r/traffic
 start=$SECONDS
 (OUT=/tmp/r/suite COMMIT=$C WORKERS=16 SUITE_TIMEOUT=280 bash benchmarks/h200_suite.sh > /tmp/r/suite/stdout.txt 2>&1

@@ -3,19 +3,24 @@
 # SRc, fp32, 5 steps) on capacity graphs (--capacity 512) with every window and flush shape built and
 # captured before the first voice (--prepare --shared-captures), every chunk against its own stock
 # tail.  Progress lines go to traffic/log.txt (what was reached if the call runs out of time).
+# With --idle: every live session gets idle time after each event (session.idle(): each voice's
+# checks of the shared window and flush graphs at its length made there, ahead of their chunks;
+# timed apart from the chunks, reported as idle_s), as a server has between a voice's chunks.
 # Run through the device tool with carry [".whl"]:
-#     bash benchmarks/issue15_call.sh <commit> [seconds, default 570]
+#     bash benchmarks/issue15_call.sh <commit> [seconds, default 570] [--idle]
 # Outputs under /tmp/r, tarred to $OUT/r.tgz at the end (and every 60 s meanwhile).
 set -u
 C=${1:?usage: issue15_call.sh <commit> [seconds]}
 LIMIT=${2:-570}
+IDLE=${3:-}
+[ -z "$IDLE" ] || [ "$IDLE" = --idle ] || { echo "issue15_call.sh: unknown option $IDLE" >&2; exit 2; }
 . benchmarks/device_env.sh $C cadence_fx/capacity_executable.py cadence_fx/capacity_prepare.py \
-  cadence_fx/tools/traffic.py cadence_fx/integrations/stepaudio2/dropin.py
+  cadence_fx/tools/traffic.py cadence_fx/integrations/stepaudio2/dropin.py cadence_fx/capacity_hazards.py
 mkdir -p /tmp/r/traffic
 ( while sleep 60; do (cd /tmp && tar czf $OUT/r.tgz r); done ) & ticker=$!
 start=$SECONDS
 timeout $LIMIT python3 -m cadence_fx traffic --device cuda --rules SRc --n-timesteps 5 --conversations 8 \
-  --seed 0 --capacity 512 --prepare --shared-captures --json --out /tmp/r/traffic \
+  --seed 0 --capacity 512 --prepare --shared-captures $IDLE --json --out /tmp/r/traffic \
   > /tmp/r/traffic/stdout.txt 2> /tmp/r/traffic/log.txt
 echo "traffic rc=$? at $((SECONDS-start)) s"; tail -1 /tmp/r/traffic/stdout.txt | cut -c1-1500
 tail -5 /tmp/r/traffic/log.txt | cut -c1-300

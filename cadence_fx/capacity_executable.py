@@ -44,8 +44,8 @@ import torch.fx as fx
 
 from . import step as meta
 from .errors import CadenceError, NeedsForeground, PassError, RulesError, SpecializationRefused, TraceError
-from .foreground import forked_rng, in_background
-from .passes import aliasing, capacity_ops
+from .capacity_hazards import hazards_at, walk_plan
+from .foreground import in_background
 from .compiler import (_variant_builder, build_plan, check_rules, extents_in_slots, lowered_copy, own_bytes,
                        program_kind, region_bindings, region_buffers, rewrite_pipeline, traced_extents, variant_entry)
 from .passes.capacity import at_dims, attention_probe, capacity_form, check_dims
@@ -268,7 +268,7 @@ def at_length(cexe: CapacityExecutable, adapter, check_hazards: bool = True, off
     plan = dataclasses.replace(plan_here, layout=cexe.plan.layout)  # the capacity's arena, this length's extents
     builder = _StreamBuilder(cexe, adapter, plan, dims, device_lengths, check_hazards)
     variants = builder.variants = Variants(builder, off_catalog, max_specializations, max_specialization_bytes)
-    variants.quick = builder.quick
+    variants.quick, variants.ahead, variants.ahead_stats = builder.quick, builder.work_ahead, builder.ahead_stats
     return Executable(plan, programs, sig.inputs, sig.outputs, tuple(sig.regions), cexe.rules,
                       {"capacity": dict(cexe.dims), "at": dims}, variants=variants, working=cexe.working())
 
@@ -282,7 +282,10 @@ class _StreamBuilder:
     capacity's arena layout: a symbolic step's buffers are laid out at the length it is
     specialized at, the arena's at the capacity, so none would serve, and each try would
     trace another symbolic variant into the model's store).  ``variants``: the ``Variants``
-    it builds for (set after), whose ``background`` says where builds go."""
+    it builds for (set after), whose ``background`` says where builds go.  Each shared
+    graph's hazard check at this length is made once (kept by its rule-S graph, weakly: a
+    graph the capacity lets go takes its result along), on the first chunk of its shape or
+    ahead of it, in idle time (``work_ahead``)."""
 
     def __init__(self, cexe: CapacityExecutable, adapter, plan, dims: Mapping[str, int], device_lengths: Mapping,
                  check_hazards: bool):
@@ -290,6 +293,11 @@ class _StreamBuilder:
         self.check_hazards = check_hazards
         self.own = _variant_builder(adapter, plan, cexe.rules, None, cexe.say)
         self.variants: "Variants | None" = None
+        # checked graph -> (problems, made ahead?); or None: not checked ahead (another branch
+        # class, or only a run can tell: its chunk checks it)
+        self._checked: "weakref.WeakKeyDictionary[fx.GraphModule, tuple | None]" = weakref.WeakKeyDictionary()
+        self._checks_lock = threading.Lock()  # chunks' builds may run on a worker thread
+        self._ahead = {"checked": 0, "left_to_chunks": 0, "s": 0.0, "taken_by_chunks": 0}
 
     def __call__(self, key: VariantKey, inputs: Mapping[str, torch.Tensor]):
         if key.entry is None:
@@ -317,15 +325,63 @@ class _StreamBuilder:
         nxt = self.serves(key, shared)
         lengths = [self.device_lengths[d] for d in shared.sym.dims]
         if self.check_hazards:
-            example = [copy_strided(inputs[n]) for n in cexe.signature.inputs]
-            with collector.held():  # as at_length's: a collection among the walk's views costs more than the walk
-                problems = _hazards(shared.checked, cexe, example, dims, lengths)
+            with self._checks_lock:
+                hit = self._checked.get(shared.checked)
+            if hit is not None:
+                problems = hit[0]
+                self._ahead["taken_by_chunks"] += hit[1]
+                with self._checks_lock:
+                    self._checked[shared.checked] = (problems, False)  # taken: the next build is not counted
+            else:
+                example = [copy_strided(inputs[n]) for n in cexe.signature.inputs]
+                with collector.held():  # as at_length's: a collection among the walk's views costs more than the walk
+                    problems = _hazards(shared.checked, cexe, example, dims, lengths)
+                with self._checks_lock:
+                    self._checked[shared.checked] = (problems, False)
             if problems:
                 raise VariantRefused(f"{key.label()} at {dims}: the arena's state is overwritten before it is read: "
                                      f"{problems[0]}")
         program = at_stream(shared.gm, dims, lengths, variant_entry(self.plan, key), meta.arena_inputs(shared.gm),
                             nxt, program_kind(cexe.rules))
         return program, shared.nbytes, f"the capacity's shared graph ({shared.how})"
+
+    def work_ahead(self, seconds: "float | None") -> int:
+        """Idle time (``Variants.work_ahead``): this stream's hazard check of each shared graph
+        held that serves its length and that it has not checked, so that the first chunk of
+        its shape runs without it.  The walk alone (where only a run can tell, the chunk
+        checks); ``seconds`` (None: no bound) checked between graphs.  Returns those checked."""
+        if not self.check_hazards:
+            return 0
+        t0, done, scratch = time.perf_counter(), 0, {}
+        with self.cexe._lock:
+            held = [(shape, g) for shape, g in self.cexe.shared.items() if isinstance(g, SharedGraph)]
+        for shape, shared in held:
+            if seconds is not None and time.perf_counter() - t0 >= seconds:
+                break
+            with self._checks_lock:
+                if shared.checked in self._checked:
+                    continue
+            problems = None
+            try:
+                self.serves(VariantKey(shape[0], (), shape[1], shape[2]), shared)
+            except VariantRefused:
+                pass  # another branch class at this length: a chunk of it builds its own program
+            else:
+                lengths = [self.device_lengths[d] for d in shared.sym.dims]
+                with collector.held():
+                    problems = _hazards(shared.checked, self.cexe, None, self.dims, lengths, scratch, full_run=False)
+                done += problems is not None
+            self._ahead["left_to_chunks"] += problems is None
+            with self._checks_lock:
+                self._checked[shared.checked] = None if problems is None else (problems, True)
+        self._ahead["s"] += time.perf_counter() - t0
+        self._ahead["checked"] += done
+        return done
+
+    def ahead_stats(self) -> dict:
+        """Shared graphs checked ahead (``work_ahead``), left to their chunks, seconds, and
+        chunks' builds that took a check made ahead."""
+        return {**self._ahead, "s": round(self._ahead["s"], 3)}
 
     def serves(self, key: VariantKey, shared: SharedGraph) -> dict:
         """The next state's extents of ``shared`` at this stream's length; ``VariantRefused``
@@ -520,56 +576,11 @@ def extents_at(sym: SymbolicStep, plan, dims: Mapping[str, int]) -> dict:
         raise SpecializationRefused(str(e)) from e
 
 
-#: each checked graph's walk plan (``aliasing.WalkPlan``: what the hazard walk visits, the same at every length)
-_PLANS: "weakref.WeakKeyDictionary[fx.GraphModule, aliasing.WalkPlan]" = weakref.WeakKeyDictionary()
-_PLANS_LOCK = threading.Lock()
-
-
-def walk_plan(gm: fx.GraphModule) -> aliasing.WalkPlan:
-    """``gm``'s hazard-walk plan, made once (again if the graph changed since)."""
-    with _PLANS_LOCK:
-        plan = _PLANS.get(gm)
-        if plan is None or not plan.fits(gm):
-            plan = _PLANS[gm] = aliasing.WalkPlan(gm)
-        return plan
-
-
-def _hazards(gm: fx.GraphModule, cexe: CapacityExecutable, inputs: list, dims: Mapping[str, int],
-             lengths: list, scratch: "dict | None" = None) -> list:
+def _hazards(gm: fx.GraphModule, cexe: CapacityExecutable, inputs: "list | None", dims: Mapping[str, int],
+             lengths: list, scratch: "dict | None" = None, full_run: bool = True) -> "list | None":
     slots = {n: (cexe.plan.layout.slot(n).shape, getattr(torch, cexe.plan.layout.slot(n).dtype))
              for n in meta.arena_inputs(gm)}
-    return hazards_at(gm, slots, cexe.device, inputs, dims, lengths, scratch)
-
-
-def hazards_at(gm: fx.GraphModule, slots: Mapping[str, tuple], device, inputs: list, dims: Mapping[str, int],
-               lengths: list, scratch: "dict | None" = None) -> list:
-    """``state_rewrite``'s region hazards of a rule-S capacity graph at ``dims`` on scratch
-    regions (``slots``: region -> (shape, dtype)): reads of old state after a write to the
-    same bytes, as ``aliasing.region_hazards`` words them.  From the region views alone at
-    the host sizes of ``dims`` (``aliasing.record_region_accesses``: nothing of the step
-    runs, so the regions are left unwritten: ``torch.empty``); where that walk cannot follow,
-    from running the graph once on zeroed regions.  ``scratch``: regions to reuse, by name,
-    shape and dtype (a caller checking several graphs at one length: one allocation)."""
-    scratch = {} if scratch is None else scratch
-    regions = {}
-    for n, (shape, dtype) in slots.items():
-        key = (n, tuple(shape), dtype)
-        if key not in scratch:
-            scratch[key] = torch.empty(shape, dtype=dtype, device=device)
-        regions[n] = scratch[key]
-    plan = walk_plan(gm)
-    with at_dims(dims):  # the host sizes the region views take: the walk needs no run of the model
-        try:
-            return aliasing.region_hazards(aliasing.record_region_accesses(gm, regions, capacity_ops.host_sizes(gm),
-                                                                           plan))
-        except aliasing.NeedsFullRun:
-            pass
-    for r in regions.values():  # the run reads them: defined values (NaN in fresh memory could steer a branch)
-        r.zero_()
-    args = list(inputs) + list(lengths) + [regions[n] for n in meta.arena_inputs(gm)]
-    devices = [torch.device(device)] if torch.device(device).type == "cuda" else []
-    with at_dims(dims), forked_rng(devices, "the capacity executable's hazard check"), torch.no_grad():
-        return aliasing.region_hazards(aliasing.record_accesses(gm, args, regions))
+    return hazards_at(gm, slots, cexe.device, inputs, dims, lengths, scratch, full_run)
 
 
 __all__ = ["CapacityExecutable", "CapacityPlan", "SharedGraph", "at_length", "capacity_executable",

@@ -359,7 +359,8 @@ class PendingSession(Session):
         captures it itself).  Never waits: it stops when a build holds the device (that
         build lets a capture in after its next entry), when ``seconds`` have passed
         (checked between entries: one capture may run past it), or when nothing is left;
-        then a full garbage collection that is due, if the time left allows
+        then the executable's work ahead (``Session.idle``) in the time left; then a full
+        garbage collection that is due, if the time left allows
         (``collector.collect_if_due``).  Returns the entries captured;
         ``stats()["background"]`` sums them up (``captured_idle``, ``idle_s``)."""
         check_idle_seconds(seconds)
@@ -381,6 +382,7 @@ class PendingSession(Session):
                 if why is None:
                     done.append(index)
             self._idle_captured.extend(done)
+            self._work_ahead(time_left(seconds, t0))  # then the executable's work ahead of later chunks
             self._idle_s += time.perf_counter() - t0
         collector.collect_if_due(time_left(seconds, t0))  # a due full collection, where the budget allows
         return done

@@ -267,15 +267,24 @@ class Session:
 
     def idle(self, seconds: float | None = None) -> list[int]:
         """Use time between chunks for work a chunk would otherwise pay (``PendingSession``:
-        capturing the entries its build handed over; here and there, a full garbage
-        collection that is due, ``collector.collect_if_due``).  Returns the entries
-        captured: none here, where set-up captured every entry."""
+        capturing the entries its build handed over; here and there, the executable's work
+        ahead, ``Variants.work_ahead``: a capacity stream's checks of the shared window and
+        flush graphs held, at its length; then a full garbage collection that is due,
+        ``collector.collect_if_due``).  ``seconds``: None (no bound) or the time to use,
+        checked between items (one item may run past it).  Returns the entries captured:
+        none here, where set-up captured every entry."""
         check_idle_seconds(seconds)
         t0 = time.perf_counter()
         with self._exclusive("idle"):
             self._check_usable("idle")
+            self._work_ahead(time_left(seconds, t0))
         collector.collect_if_due(time_left(seconds, t0))
         return []
+
+    def _work_ahead(self, seconds: float | None) -> int:
+        """(Inside ``_exclusive``.)  The executable's work ahead of later chunks, ``seconds`` at most."""
+        variants = self.executable.variants
+        return 0 if variants is None else variants.work_ahead(seconds)
 
     def close(self) -> None:
         """Refuse every later step (``SessionClosed``); a step already running finishes.  With

@@ -162,6 +162,11 @@ class Variants:
         #: ``quick(key) -> bool``: a build cheap enough for the calling thread even while
         #: ``background`` is set (a capacity executable's check of a shared graph it holds)
         self.quick: Callable[[VariantKey], bool] | None = None
+        #: ``ahead(seconds) -> int``: work a later chunk would otherwise pay, done in idle time
+        #: (``work_ahead``; a capacity stream's checks of the shared graphs held, at its length);
+        #: ``ahead_stats() -> dict``: what it did, and what chunks took from it
+        self.ahead: Callable[[float | None], int] | None = None
+        self.ahead_stats: Callable[[], dict] | None = None
         self._pending: dict[VariantKey, Any] = {}  # key -> its build's handle
         self._seen: collections.OrderedDict[VariantKey, None] = collections.OrderedDict()  # "repeat": seen once
         self.first_sights = 0  # chunks run eagerly as the first of their shape ("repeat")
@@ -258,6 +263,15 @@ class Variants:
         build_s = handle.times()["build_s"] or 0.0
         return self._take(key, _Built(program, int(nbytes), build_s, f"{how}, in the background"))
 
+    def work_ahead(self, seconds: float | None = None) -> int:
+        """Idle time (``Session.idle``): ``ahead``'s work, ``seconds`` at most (None: no bound;
+        checked between items, so one item may run past it).  Returns the items done; none
+        where no ``ahead`` is set, under policy ``"eager"``, or with ``seconds`` <= 0."""
+        if self.ahead is None or self.policy == "eager" or self.max_entries == 0 or (
+                seconds is not None and seconds <= 0):
+            return 0
+        return self.ahead(seconds)
+
     def pending(self) -> list:
         """The handles of the background builds not taken yet (``DropIn.wait_for_builds``)."""
         with self._lock:
@@ -284,7 +298,8 @@ class Variants:
         return sum(b.nbytes for b in self._held.values())
 
     def stats(self) -> dict:
-        """Policy, bounds, what is held (label -> how it was built, seconds, bytes), refusals."""
+        """Policy, bounds, what is held (label -> how it was built, seconds, bytes), refusals;
+        ``ahead``: the work done in idle time, where ``ahead`` is set (``ahead_stats``)."""
         with self._lock:
             return {
                 "policy": self.policy, "max_entries": self.max_entries, "max_bytes": self.max_bytes,
@@ -295,6 +310,7 @@ class Variants:
                 "refused": {k.label(): why for k, why in self._refused.items()},
                 "building": [k.label() for k in self._pending],
                 "foreground_only": {k.label(): why for k, why in self._foreground_only.items()},
+                **({"ahead": self.ahead_stats()} if self.ahead_stats is not None else {}),
             }
 
     def describe(self) -> list[str]:

@@ -21,8 +21,8 @@ def markdown(report: dict) -> str:
                 f"and flush shapes in {report['prepare']['s']} s" if report.get("prepare") else ""),
              "", f"background builds: {report['background']} (share of the host while chunks run: "
              f"{report['build_share']}); idle time between chunks: {report['idle']}"
-             + (f" ({report['idle_s']} s in all, {report['captured_idle']} entries captured there)"
-                if report["idle"] else ""),
+             + (f" ({report['idle_s']} s in all, {report['captured_idle']} entries captured there; "
+                f"{_ahead(report['specializations'])})" if report["idle"] else ""),
              "", (f"paced (voices {report['stagger_s']} s apart, chunks at the audio rate; warm-up voices "
                   f"{report['warm_up_tokens']} tokens, {report['warm_up_s']} s, before the clock): latency from arrival "
                   f"p50/p99 {report['latency_ms_p50']}/{report['latency_ms_p99']} ms (a turn's first chunk "
@@ -75,9 +75,18 @@ def working_arenas(live) -> list:
     return list(seen.values())
 
 
+def _ahead(spec: dict) -> str:
+    a = spec.get("ahead") or {}
+    return (f"shared graphs checked there ahead of their chunks: {a.get('checked', 0)} in {a.get('s', 0.0)} s, "
+            f"taken by {a.get('taken_by_chunks', 0)} chunks, {a.get('left_to_chunks', 0)} left to their chunks")
+
+
 def specializations(live: dict) -> dict:
-    """Off-catalog programs over every conversation's executable: how many, build and capture seconds."""
+    """Off-catalog programs over every conversation's executable: how many, build and capture
+    seconds; ``ahead``: the shared graphs' checks idle time made (``Session.idle``), those left
+    to their chunks, their seconds, and the chunks that took one."""
     built, build_s, captured_s, refused = 0, 0.0, 0.0, {}
+    ahead = {"checked": 0, "left_to_chunks": 0, "s": 0.0, "taken_by_chunks": 0}
     seen = set()
     for c in live.values():
         spec = c["session"].stats().get("specializations")
@@ -91,4 +100,8 @@ def specializations(live: dict) -> dict:
         built += spec["built"]
         build_s += spec["build_s"]
         refused.update(spec["refused"])
-    return {"built": built, "build_s": round(build_s, 2), "capture_s": round(captured_s, 2), "refused": refused}
+        for k, v in spec.get("ahead", {}).items():
+            ahead[k] += v
+    ahead["s"] = round(ahead["s"], 2)
+    return {"built": built, "build_s": round(build_s, 2), "capture_s": round(captured_s, 2), "refused": refused,
+            "ahead": ahead}

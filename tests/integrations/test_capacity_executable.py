@@ -423,9 +423,9 @@ def test_the_hazard_check_runs_at_each_streams_own_length(shared, monkeypatch):
     calls = []
     real = ce.hazards_at
 
-    def spy(gm, slots, device, inputs, dims, lengths, scratch=None):
+    def spy(gm, slots, device, inputs, dims, lengths, scratch=None, full_run=True):
         calls.append((dict(dims), [int(x) for x in lengths]))
-        return real(gm, slots, device, inputs, dims, lengths, scratch)
+        return real(gm, slots, device, inputs, dims, lengths, scratch, full_run)
     monkeypatch.setattr(ce, "hazards_at", spy)
     session, stock = stream_at(opt, cexe, 43)  # 86 frames
     assert calls == [({"prompt_frames": 86}, [86])] * 3, calls  # the catalog's three entries
@@ -434,6 +434,66 @@ def test_the_hazard_check_runs_at_each_streams_own_length(shared, monkeypatch):
     assert report["exact"] and report["per_chunk"][3]["route"].startswith("graph specialization"), report["per_chunk"]
     assert calls[3:] == [({"prompt_frames": 86}, [86])], calls  # the flush's shared graph, at this stream
 
+
+
+def test_idle_time_checks_the_held_shared_graphs_so_a_voices_first_window_does_not(shared, monkeypatch):
+    """``session.idle()`` makes a stream's hazard check of each shared graph held that serves
+    its length (``_StreamBuilder.work_ahead``): its first window and flush of those shapes run
+    the shared graphs with no walk on the chunk, exact.  What idle found is what the chunk
+    acts on (a problem found ahead refuses the graph there: a program of the stream's own,
+    the problem its reason; never the shared graph); a graph
+    of another branch class at the stream's length is left to its chunk (its own program);
+    ``idle(0)`` does nothing."""
+    import cadence_fx.capacity_executable as ce
+    opt, cexe = shared
+    window, flush = (_tokens(14, 5), False), (_tokens(7, 6), True)
+    steady = [(_tokens(28, 30 + i), False) for i in range(3)]
+    session, stock = stream_at(opt, cexe, 41)  # the shapes' shared graphs, if no test built them yet
+    assert compare_streams(stock, session, steady + [window, flush], CPU, seed=5)["exact"]
+    held = ["entry 2 | token (1, 14), spk (1, 192)", "entry 2 | token (1, 7), spk (1, 192) | last_chunk"]
+    assert set(held) <= set(cexe.stats()["held"])
+    calls = []
+    real = ce.hazards_at
+
+    def spy(*args, **kwargs):
+        calls.append(dict(args[4]))
+        return real(*args, **kwargs)
+    monkeypatch.setattr(ce, "hazards_at", spy)
+    session, stock = stream_at(opt, cexe, 57)  # 114 frames: a length no stream checked them at
+    calls.clear()
+    assert session.idle(0) == [] and calls == []
+    report = compare_streams(stock, session, steady, CPU, seed=6)
+    assert report["exact"] and calls == [], calls
+    variants = session.session.executable.variants
+    assert session.idle() == [] and calls and set(map(str, calls)) == {"{'prompt_frames': 114}"}, calls
+    ahead = variants.stats()["ahead"]
+    assert ahead["checked"] == len(calls) >= 2 and ahead["taken_by_chunks"] == 0, ahead
+    calls.clear()
+    report = compare_streams(stock, session, [window, flush], CPU, seed=7)
+    assert report["exact"], report["mismatches"]
+    assert [c["route"] for c in report["per_chunk"]] == ["graph specialization " + k for k in held]
+    assert calls == [] and variants.stats()["ahead"]["taken_by_chunks"] == 2, (calls, variants.stats()["ahead"])
+    assert session.idle() == [] and calls == []  # each checked once
+
+    # a problem found ahead is the chunk's reason to run eagerly (never a replay it refused)
+    session, stock = stream_at(opt, cexe, 61)
+    monkeypatch.setattr(ce, "hazards_at", lambda *a, **k: ["a read after a write (the test's)"])
+    session.idle()
+    monkeypatch.setattr(ce, "hazards_at", spy)
+    report = compare_streams(stock, session, steady + [window], CPU, seed=8)
+    assert report["exact"] and report["per_chunk"][3]["route"] == "graph specialization " + held[0]
+    (how,) = [v["how"] for v in session.stats()["specializations"]["held"].values()]
+    assert how.startswith("this stream's own (") and "the test's" in how, how
+
+    # another branch class: 45 tokens' flush of 7 (see the test above) is left to its chunk
+    session, stock = stream_at(opt, cexe, 45)
+    session.idle()
+    variants = session.session.executable.variants
+    assert variants.stats()["ahead"]["left_to_chunks"] >= 1, variants.stats()["ahead"]
+    report = compare_streams(stock, session, steady + [flush], CPU, seed=9)
+    assert report["exact"] and report["per_chunk"][3]["route"].endswith("last_chunk"), report["per_chunk"]
+    (how,) = [v["how"] for v in session.stats()["specializations"]["held"].values()]
+    assert how.startswith("this stream's own ("), how
 
 
 def test_the_hazard_walks_plan_logs_what_the_whole_walk_logs(shared):
