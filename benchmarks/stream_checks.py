@@ -5,10 +5,13 @@ guards and a hazard walk of the region views); a voice's first window or flush o
 checks that shape's shared graph the same way (``_StreamBuilder.on_shared``), on the chunk.
 This times both, per voice, through the drop-in (``optimize(..., capacity=C)``, every
 window and flush shape prepared first): ``at_length_s`` at set-up, and for each window and
-flush ``check_s`` (the shared graph's check) inside ``chunk_s``.  Every chunk is compared
-with stock (``lockstep.compare_streams``) so a faster check that changed a bit fails the run.
+flush ``check_s`` (``on_shared``: the shared graph's check, and its wrapping as the stream's
+program).  With ``--idle`` each prompt length N is paired with a voice of N+1 tokens that
+gets ``session.idle()`` after its steady chunks (``idle_s``): the checks are made there, and
+``check_s`` is what the window's chunk still pays.  Every chunk is compared with stock
+(``lockstep.compare_streams``) so a faster check that changed a bit fails the run.
 
-    python benchmarks/stream_checks.py --n-timesteps 5 --capacity 512 --prompt-tokens 93,151,207
+    python benchmarks/stream_checks.py --n-timesteps 5 --capacity 512 --prompt-tokens 93,151,207 [--idle]
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ def main(argv=None) -> int:
     p.add_argument("--prompt-tokens", default="93,151,207")
     p.add_argument("--windows", default="14,15,20", help="window lengths (tokens, lookahead included)")
     p.add_argument("--flush", type=int, default=9)
+    p.add_argument("--idle", action="store_true", help="pair each voice with one of a token more given idle time")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     device = torch.device(args.device)
@@ -69,27 +73,38 @@ def main(argv=None) -> int:
     def tokens(n):
         return torch.randint(0, s2.VOCAB, (n,), generator=g).tolist()
     rows, exact = [], True
-    for n in (int(x) for x in args.prompt_tokens.split(",")):
+    voices = [(int(x) + idle, idle) for x in args.prompt_tokens.split(",") for idle in ((0, 1) if args.idle else (0,))]
+    for n, idle in voices:
         prompt = tuple(t.to(device) for t in s2.synthetic_prompt(n, seed=n))
         spent.clear()
         stock.set_stream_cache(*prompt)
         session = opt.open_session(*prompt)
         at_length_s = spent.get("at_length", 0.0)
         chunks = [(tokens(28), False) for _ in range(3)] + [(tokens(w), False) for w in windows] + [(tokens(args.flush), True)]
-        checks = []
+        checks, idle_s = [], None
         for i, chunk in enumerate(chunks):
+            if i == 3 and idle:
+                t0 = time.perf_counter()
+                session.idle()
+                idle_s = round(time.perf_counter() - t0, 4)
             spent.clear()
             exact = compare_streams(stock, session, [chunk], device, seed=1000 * n + i)["exact"] and exact
             if i >= 3:
                 checks.append({"tokens": len(chunk[0]), "last": chunk[1], "check_s": round(spent.get("on_shared", 0.0), 4)})
+        row = {"prompt_tokens": n, "idle": bool(idle), "idle_s": idle_s, "at_length_s": round(at_length_s, 4),
+               "checks": checks}
+        if idle:
+            row["ahead"] = session.stats()["specializations"]["ahead"]
         session.close()
-        row = {"prompt_tokens": n, "at_length_s": round(at_length_s, 4), "checks": checks}
         print(json.dumps(row), flush=True)
         rows.append(row)
     out = {"torch": torch.__version__, "device": str(device), "threads": torch.get_num_threads(),
            "n_timesteps": args.n_timesteps, "capacity": args.capacity, "rows": rows, "exact": exact,
            "at_length_s_p50": statistics.median(r["at_length_s"] for r in rows),
-           "check_s_p50": statistics.median(c["check_s"] for r in rows for c in r["checks"])}
+           "check_s_p50": statistics.median(c["check_s"] for r in rows if not r["idle"] for c in r["checks"])}
+    if args.idle:
+        out["check_s_p50_after_idle"] = statistics.median(c["check_s"] for r in rows if r["idle"] for c in r["checks"])
+        out["idle_s_p50"] = statistics.median(r["idle_s"] for r in rows if r["idle"])
     print(json.dumps({k: v for k, v in out.items() if k != "rows"}), flush=True)
     if args.json:
         with open(args.json, "w") as f:
