@@ -11,6 +11,7 @@ stream's set-up and first window or flush would: a voice then captures nothing.
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Callable, Mapping
 
@@ -19,7 +20,9 @@ import torch
 from . import step as meta
 from .capacity_executable import CapacityExecutable, SharedGraph, _label, _shape, at_stream, shared_variant
 from .compiler import program_kind
-from .errors import CadenceError
+from .errors import CadenceError, SpecializationRefused
+from .passes.capacity import check_dims
+from .passes.capacity_ops import size_at
 from .runtime import device_work
 from .runtime.variants import VariantBusy, VariantKey, VariantRefused
 
@@ -51,15 +54,21 @@ def prepare(cexe: CapacityExecutable, shapes, entry: int | None = None,
     (default: the steady one, where a turn's window and flush come).  ``shapes``: ``(inputs,
     flags)`` pairs (``chunk_inputs`` makes the inputs).  Returns ``{label: how}``: ``"held"``
     (built before), ``"built in S s"``, or why none serves (also remembered, as a stream's
-    first sight of it would be).  One shape at a time, each reported through ``say``; each
-    build waits for one a stream started (``VariantBusy``) and holds the device's work lock
-    (``runtime.device_work``: no capture beside it)."""
+    first sight of it would be); with one symbolic dim, a graph built or held adds which of
+    the lengths up to the capacity it serves (``served``: ``"; serves N of M lengths"``, M
+    those the catalog serves), and one that serves fewer than half of them is said through
+    ``say`` (the capacity sits in a branch class of that shape's code few lengths share: a
+    voice of another length traces a program of its own for it on its chunk).  One shape at
+    a time, each reported through ``say``; each build waits for one a stream started
+    (``VariantBusy``) and holds the device's work lock (``runtime.device_work``: no capture
+    beside it)."""
     say = say or cexe.say
     plan = cexe.plan
     index = _entry_index(plan, entry, "prepare")
     sig = cexe.signature
     shapes = list(shapes)
     own = {n: tuple(t.shape) for n, t in cexe.adapter.example_inputs().items()}
+    lengths = catalog_lengths(cexe)
     out = {}
     for i, (inputs, flags) in enumerate(shapes):
         key = VariantKey.of(index, {}, (), inputs, sig.inputs, flags)
@@ -70,7 +79,7 @@ def prepare(cexe: CapacityExecutable, shapes, entry: int | None = None,
         with cexe._lock:
             held = isinstance(cexe.shared.get(_shape(key)), SharedGraph)
         if held:
-            out[label] = "held"
+            out[label] = "held" + _served(cexe, key, lengths, label, say)
             continue
         say(f"shared graph {i + 1}/{len(shapes)}: {label}")
         t0 = time.perf_counter()
@@ -78,7 +87,7 @@ def prepare(cexe: CapacityExecutable, shapes, entry: int | None = None,
             try:
                 with device_work.held():
                     shared_variant(cexe, key, inputs)
-                out[label] = f"built in {time.perf_counter() - t0:.1f} s"
+                out[label] = f"built in {time.perf_counter() - t0:.1f} s" + _served(cexe, key, lengths, label, say)
             except VariantBusy:  # a stream's build of another shape: wait for it, then this one
                 with cexe._building:
                     pass
@@ -87,6 +96,77 @@ def prepare(cexe: CapacityExecutable, shapes, entry: int | None = None,
                 out[label] = str(e)
             break
     return out
+
+
+def catalog_lengths(cexe: CapacityExecutable) -> "list[dict] | None":
+    """Each value up to the capacity of its one symbolic dim at which every catalog entry's
+    graph serves (``check_dims``), as dims; None with more than one dim (not enumerated)."""
+    if len(cexe.dims) != 1:
+        return None
+    ((d, cap),) = cexe.dims.items()
+    out = []
+    for v in range(1, int(cap) + 1):
+        try:
+            for gm, cplan, sym in cexe.graphs.values():
+                check_dims(cplan, sym, {d: v})
+        except SpecializationRefused:
+            continue
+        out.append({d: v})
+    return out
+
+
+def served(shared: SharedGraph, lengths: "list[dict]") -> int:
+    """How many of ``lengths`` (dims) ``shared`` serves: ``check_dims``'s verdict, its guards
+    read as Python functions once (``_guard_functions``: microseconds a length, where sympy's
+    substitution takes a millisecond; 48 shapes at 250 lengths would add ~11 s to a prepare)
+    and ``check_dims`` itself where they cannot be.  A count for the report only: every
+    stream's own ``check_dims`` still decides what runs."""
+    names = tuple(str(shared.sym.symbols[d]) for d in shared.sym.dims)
+    fns = _guard_functions(names, tuple(str(g) for g in shared.sym.guards))
+    caps = [int(shared.plan.capacity[d]) for d in shared.sym.dims]
+    n = 0
+    for dims in lengths:
+        values = [int(dims[d]) for d in shared.sym.dims]
+        if fns is not None:
+            try:
+                n += all(bool(f(*values)) for f in fns) and all(
+                    0 <= size_at(t, names, *values) <= size_at(t, names, *caps) for t in shared.plan.extents)
+                continue
+            except Exception:  # noqa: BLE001 - one Python cannot evaluate: check_dims decides from here
+                fns = None
+        try:
+            check_dims(shared.plan, shared.sym, dims)
+            n += 1
+        except SpecializationRefused:
+            pass
+    return n
+
+
+@functools.lru_cache(maxsize=256)
+def _guard_functions(names: tuple, guards: tuple) -> "tuple | None":
+    """The guards as Python functions of the dims' values (``sympy.lambdify``; None where one
+    cannot be made)."""
+    import sympy
+    try:
+        symbols = [sympy.Symbol(n, integer=True) for n in names]
+        env = dict(zip(names, symbols))
+        return tuple(sympy.lambdify(symbols, sympy.sympify(g, locals=env), modules="math") for g in guards)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _served(cexe: CapacityExecutable, key: VariantKey, lengths, label: str, say) -> str:
+    with cexe._lock:
+        shared = cexe.shared.get(_shape(key))
+    if lengths is None or not isinstance(shared, SharedGraph):
+        return ""
+    n = served(shared, lengths)
+    if 2 * n < len(lengths):
+        say(f"{label}: its graph serves {n} of the {len(lengths)} lengths up to the capacity the catalog serves "
+            f"(the capacity sits in a branch class of this shape's code few lengths share): a voice of another "
+            f"length traces a program of its own for it on its chunk; a capacity in the shape's common class "
+            f"serves them (docs/serving.md, choosing a capacity)")
+    return f"; serves {n} of {len(lengths)} lengths"
 
 
 def _entry_index(plan, entry, who: str) -> int:
@@ -142,4 +222,4 @@ def capture(cexe: CapacityExecutable, shapes=(), entry: int | None = None,
     return out
 
 
-__all__ = ["capture", "chunk_inputs", "prepare"]
+__all__ = ["capture", "catalog_lengths", "chunk_inputs", "prepare", "served"]

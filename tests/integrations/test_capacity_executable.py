@@ -331,7 +331,7 @@ def test_length_free_pieces_leave_every_length_dependent_node_eager(shared):
         assert exact <= islands, (idx, exact - islands)
 
 
-def test_prepare_builds_window_and_flush_graphs_before_any_voice(t2w_mini, shared):
+def test_prepare_builds_window_and_flush_graphs_before_any_voice(t2w_mini, shared, monkeypatch):
     """``prepare_capacity`` (a server's start): the capacity's shared graphs of each window and
     flush length asked for, at the steady state; the catalog's own chunk is not built again.
     A voice's window and flush of those lengths then build nothing, every chunk exact; a
@@ -357,7 +357,35 @@ def test_prepare_builds_window_and_flush_graphs_before_any_voice(t2w_mini, share
     assert routes[3:] == [f"graph specialization {window}", f"graph specialization {flush}"], routes
     assert cexe.stats()["built"] == before + 2  # the voice built nothing
     session.close()
-    assert opt.prepare_capacity(windows=[9], flushes=[4])[f"{CAPACITY} mel frames"] == {window: "held", flush: "held"}
+    again = opt.prepare_capacity(windows=[9], flushes=[4])[f"{CAPACITY} mel frames"]
+    # held; with one symbolic dim, the lengths up to the capacity each graph serves, of the
+    # catalog's: the even ones 4..200 but the catalog's own 1-in-25 class (26, 76, 126, 176)
+    assert again[window] == "held; serves 95 of 95 lengths" and again[flush].startswith("held; serves "), again
+    from cadence_fx import capacity_prepare as cp
+    lengths = cp.catalog_lengths(cexe)
+    assert len(lengths) == 95 and {26, 76, 126, 176, 201}.isdisjoint(d["prompt_frames"] for d in lengths)
+    n = int(again[flush].split()[2])  # each length it serves is one a stream's quick check takes, and no other
+    from cadence_fx import capacity_executable as ce
+    from cadence_fx.runtime.variants import VariantKey
+    shape = next(k for k in cexe.shared if k[2] and k[1][0][1] == (1, 4))
+    quick = [at_length(cexe, opt.adapter_for(f, prompt[2])).variants.quick(VariantKey(shape[0], (), *shape[1:]))
+             for f in (84, 86, 88, 90)]
+    assert quick == [cp.served(cexe.shared[shape], [{"prompt_frames": f}]) == 1 for f in (84, 86, 88, 90)], quick
+    from cadence_fx.passes.capacity import check_dims
+
+    def serves(g, dims) -> bool:  # sympy's reading of the guards, as every stream's check makes it
+        try:
+            check_dims(g.plan, g.sym, dims)
+            return True
+        except SpecializationRefused:
+            return False
+    counts = {k: (cp.served(g, lengths), sum(serves(g, d) for d in lengths)) for k, g in cexe.shared.items()
+              if isinstance(g, ce.SharedGraph)}
+    assert counts[shape][0] == n <= 95 and all(a == b for a, b in counts.values()), counts
+    said = []
+    monkeypatch.setattr(cp, "served", lambda shared, lengths: 1)  # a capacity in a rare class of the shape's code
+    got = cp.prepare(cexe, [(cp.chunk_inputs(cexe.adapter, {"chunk_tokens": 9}), {})], say=said.append)
+    assert got == {window: "held; serves 1 of 95 lengths"} and any("serves 1 of the 95 lengths" in s for s in said), said
     for bad in ([0], [2.5], [True]):
         with pytest.raises(cadence_fx.CadenceError, match="token lengths"):
             opt.prepare_capacity(windows=bad)
