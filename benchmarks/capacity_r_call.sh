@@ -4,7 +4,7 @@
 # per-voice and shared captures), then new voices through the drop-in per prompt length against
 # capacity=500 under SRc (capacity_voices.py: set-up, time to first audio, chunk ms, every chunk against
 # stock), then issue 15's traffic under SRc on capacity graphs with every window and flush shape prepared
-# first (--capacity 512 --prepare).  With --shared-captures (captures shared by voices, runtime.working):
+# first (--capacity 500 --prepare; 500 + 99 prime: docs/serving.md, choosing a capacity).  With --shared-captures (captures shared by voices, runtime.working):
 # the voices add a third variant paired against per-voice captures, and the traffic's captures are
 # shared too (each capacity's graphs captured before the first voice).
 # Run through the device tool with carry [".whl"]:
@@ -28,7 +28,7 @@ timeout 170 python3 benchmarks/capacity_voices.py --device cuda --rules SRc --n-
 echo "capacity_voices rc=$? at $((SECONDS-start)) s"; tail -1 /tmp/r/voices/stdout.txt | cut -c1-1200
 (cd /tmp && tar czf $OUT/r.tgz r)
 timeout 130 python3 -m cadence_fx traffic --device cuda --rules SRc --n-timesteps 5 --conversations 3 --turns 2 \
-  --seed 0 --capacity 512 --prepare $SHARED --json --quiet --out /tmp/r/traffic > /tmp/r/traffic/stdout.txt \
+  --seed 0 --capacity 500 --prepare $SHARED --json --quiet --out /tmp/r/traffic > /tmp/r/traffic/stdout.txt \
   2> /tmp/r/traffic/log.txt
 echo "traffic rc=$? at $((SECONDS-start)) s"; tail -1 /tmp/r/traffic/stdout.txt | cut -c1-900
 (cd /tmp && tar czf $OUT/r.tgz r)

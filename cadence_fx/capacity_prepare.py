@@ -100,46 +100,48 @@ def prepare(cexe: CapacityExecutable, shapes, entry: int | None = None,
 
 def catalog_lengths(cexe: CapacityExecutable) -> "list[dict] | None":
     """Each value up to the capacity of its one symbolic dim at which every catalog entry's
-    graph serves (``check_dims``), as dims; None with more than one dim (not enumerated)."""
+    graph serves (``check_dims``, read as ``serving`` reads it), as dims; None with more than
+    one dim (not enumerated)."""
     if len(cexe.dims) != 1:
         return None
     ((d, cap),) = cexe.dims.items()
-    out = []
-    for v in range(1, int(cap) + 1):
-        try:
-            for gm, cplan, sym in cexe.graphs.values():
-                check_dims(cplan, sym, {d: v})
-        except SpecializationRefused:
-            continue
-        out.append({d: v})
-    return out
+    checks = [serving(cplan, sym) for _, cplan, sym in cexe.graphs.values()]
+    return [{d: v} for v in range(1, int(cap) + 1) if all(serves({d: v}) for serves in checks)]
 
 
 def served(shared: SharedGraph, lengths: "list[dict]") -> int:
-    """How many of ``lengths`` (dims) ``shared`` serves: ``check_dims``'s verdict, its guards
-    read as Python functions once (``_guard_functions``: microseconds a length, where sympy's
-    substitution takes a millisecond; 48 shapes at 250 lengths would add ~11 s to a prepare)
-    and ``check_dims`` itself where they cannot be.  A count for the report only: every
-    stream's own ``check_dims`` still decides what runs."""
-    names = tuple(str(shared.sym.symbols[d]) for d in shared.sym.dims)
-    fns = _guard_functions(names, tuple(str(g) for g in shared.sym.guards))
-    caps = [int(shared.plan.capacity[d]) for d in shared.sym.dims]
-    n = 0
-    for dims in lengths:
-        values = [int(dims[d]) for d in shared.sym.dims]
-        if fns is not None:
-            try:
-                n += all(bool(f(*values)) for f in fns) and all(
-                    0 <= size_at(t, names, *values) <= size_at(t, names, *caps) for t in shared.plan.extents)
-                continue
-            except Exception:  # noqa: BLE001 - one Python cannot evaluate: check_dims decides from here
-                fns = None
+    """How many of ``lengths`` (dims) ``shared`` serves (``serving``)."""
+    serves = serving(shared.plan, shared.sym)
+    return sum(serves(dims) for dims in lengths)
+
+
+def serving(plan, sym) -> Callable[[Mapping[str, int]], bool]:
+    """``dims -> bool``: ``check_dims``'s verdict, its guards read as Python functions once
+    (``_guard_functions``: microseconds a length, where sympy's substitution takes about a
+    millisecond: 48 shapes at 250 lengths would add ~11 s to a prepare), ``check_dims``
+    itself where one cannot be read so.  For reports only: every stream's own
+    ``check_dims`` still decides what runs."""
+    names = tuple(str(sym.symbols[d]) for d in sym.dims)
+    fns = _guard_functions(names, tuple(str(g) for g in sym.guards))
+    caps = [int(plan.capacity[d]) for d in sym.dims]
+
+    def slow(dims) -> bool:
         try:
-            check_dims(shared.plan, shared.sym, dims)
-            n += 1
+            check_dims(plan, sym, dims)
+            return True
         except SpecializationRefused:
-            pass
-    return n
+            return False
+
+    def serves(dims) -> bool:
+        values = [int(dims[d]) for d in sym.dims]
+        if fns is None or set(dims) != set(plan.capacity) or not all(0 <= v <= c for v, c in zip(values, caps)):
+            return slow(dims)
+        try:
+            return all(bool(f(*values)) for f in fns) and all(
+                0 <= size_at(t, names, *values) <= size_at(t, names, *caps) for t in plan.extents)
+        except Exception:  # noqa: BLE001 - one Python cannot evaluate: check_dims decides
+            return slow(dims)
+    return serves
 
 
 @functools.lru_cache(maxsize=256)
@@ -222,4 +224,4 @@ def capture(cexe: CapacityExecutable, shapes=(), entry: int | None = None,
     return out
 
 
-__all__ = ["capture", "catalog_lengths", "chunk_inputs", "prepare", "served"]
+__all__ = ["capture", "catalog_lengths", "chunk_inputs", "prepare", "served", "serving"]

@@ -373,15 +373,17 @@ def test_prepare_builds_window_and_flush_graphs_before_any_voice(t2w_mini, share
     assert quick == [cp.served(cexe.shared[shape], [{"prompt_frames": f}]) == 1 for f in (84, 86, 88, 90)], quick
     from cadence_fx.passes.capacity import check_dims
 
-    def serves(g, dims) -> bool:  # sympy's reading of the guards, as every stream's check makes it
+    def serves(plan, sym, dims) -> bool:  # sympy's reading of the guards, as every stream's check makes it
         try:
-            check_dims(g.plan, g.sym, dims)
+            check_dims(plan, sym, dims)
             return True
         except SpecializationRefused:
             return False
-    counts = {k: (cp.served(g, lengths), sum(serves(g, d) for d in lengths)) for k, g in cexe.shared.items()
+    counts = {k: (cp.served(g, lengths), sum(serves(g.plan, g.sym, d) for d in lengths)) for k, g in cexe.shared.items()
               if isinstance(g, ce.SharedGraph)}
     assert counts[shape][0] == n <= 95 and all(a == b for a, b in counts.values()), counts
+    assert lengths == [{"prompt_frames": v} for v in range(1, CAPACITY + 1)
+                       if all(serves(cplan, sym, {"prompt_frames": v}) for _, cplan, sym in cexe.graphs.values())]
     said = []
     monkeypatch.setattr(cp, "served", lambda shared, lengths: 1)  # a capacity in a rare class of the shape's code
     got = cp.prepare(cexe, [(cp.chunk_inputs(cexe.adapter, {"chunk_tokens": 9}), {})], say=said.append)
