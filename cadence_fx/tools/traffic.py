@@ -52,7 +52,7 @@ from ..runtime import collector
 from ..step import Rules
 from . import registry
 from .options import add_model_args, model_of, progress
-from .traffic_report import markdown, plot, specializations, working_arenas
+from .traffic_report import chunk_work, gc_counts, markdown, plot, specializations, working_arenas
 
 DEFAULTS = {"prompt": (75, 250), "steady": (2, 12), "window": (8, 27), "flush": (1, 28)}
 TOKEN_SECONDS = 1 / 25  # a speech token's audio (Token2Wav: 25 Hz tokens, 50 mel frames a second)
@@ -323,12 +323,12 @@ def _chunk(c: dict, convo: Conversation, turn: int, ch, seed: int, device) -> di
     sync(device)
     t1 = time.perf_counter()
     set_rng_state(rng, device)
-    before = c["session"].stats()
+    before, gc_before = c["session"].stats(), gc_counts()
     t2 = time.perf_counter()
     c["session"].stream(tokens, last_chunk=last, return_waveform=True)
     sync(device)
     t3 = time.perf_counter()
-    after = c["session"].stats()
+    after, gc_after = c["session"].stats(), gc_counts()
     stock_wave, wave = c["stock"].last_speech, c["session"].last_speech
     bad = state_mismatches(c["stock"].state(), c["session"].state())
     route = chunk_route(before, after)
@@ -338,7 +338,8 @@ def _chunk(c: dict, convo: Conversation, turn: int, ch, seed: int, device) -> di
     return {"conversation": convo.index, "turn": turn, "chunk": i, "tokens": len(tokens), "last": last,
             "route": route, "wave_equal": bool(torch.equal(wave, stock_wave)),
             "pcm_equal": pcm_bytes(wave.float().cpu().numpy()) == pcm_bytes(stock_wave.float().cpu().numpy()),
-            "state_equal": not bad, "mismatched": bad, "ms": (t3 - t2) * 1e3, "stock_ms": (t1 - t0) * 1e3}
+            "state_equal": not bad, "mismatched": bad, "ms": (t3 - t2) * 1e3, "stock_ms": (t1 - t0) * 1e3,
+            "work": chunk_work(before, after, gc_before, gc_after)}
 
 
 def audio_s(tokens: list, last: bool, lookahead: int) -> float:

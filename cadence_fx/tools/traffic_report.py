@@ -75,6 +75,28 @@ def working_arenas(live) -> list:
     return list(seen.values())
 
 
+def gc_counts() -> list[int]:
+    """The collector's collections so far, by generation (``gc.get_stats``)."""
+    import gc
+    return [g["collections"] for g in gc.get_stats()]
+
+
+def chunk_work(before: dict, after: dict, gc_before: list, gc_after: list) -> dict:
+    """What a chunk did besides its step, from its session's stats before and after: programs
+    built (and their seconds), specialization captures (seconds), checks it took from idle
+    time, and the collector's collections by generation while it ran: what a slow chunk
+    paid for."""
+    b, a = before.get("specializations") or {}, after.get("specializations") or {}
+    out = {"built": a.get("built", 0) - b.get("built", 0),
+           "build_s": round(a.get("build_s", 0.0) - b.get("build_s", 0.0), 3),
+           "captured_s": round(sum(a.get("captured_here_s", {}).values())
+                               - sum(b.get("captured_here_s", {}).values()), 3),
+           "gc": [x - y for x, y in zip(gc_after, gc_before)]}
+    if "ahead" in a:
+        out["ahead_taken"] = a["ahead"]["taken_by_chunks"] - b.get("ahead", {}).get("taken_by_chunks", 0)
+    return out
+
+
 def _ahead(spec: dict) -> str:
     a = spec.get("ahead") or {}
     return (f"shared graphs checked there ahead of their chunks: {a.get('checked', 0)} in {a.get('s', 0.0)} s, "

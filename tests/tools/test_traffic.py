@@ -84,6 +84,11 @@ def test_traffic_is_exact_and_every_chunk_runs_the_program(small, capsys, tmp_pa
     # one program per voice and end-of-turn shape; its symbolic steps: one per flag, any length
     shapes = {(r["conversation"], r["tokens"], r["last"]) for r in ends}
     assert report["specializations"]["built"] == len(shapes) and report["specializations"]["refused"] == {}
+    # each chunk's own work: every build on the first chunk of its voice and shape, none on a steady one
+    built = [r for r in rows if r["work"]["built"]]
+    assert sum(r["work"]["built"] for r in rows) == len(shapes) and all(r["work"]["build_s"] > 0 for r in built)
+    assert {(r["conversation"], r["tokens"], r["last"]) for r in built} == shapes, built
+    assert all(len(r["work"]["gc"]) == 3 and min(r["work"]["gc"]) >= 0 for r in rows)
     keys = chunk_keys()
     assert len(keys) <= len(before) + 2 and {k for k in keys if k[0] == 2} >= keys - before, keys
     assert len({k for k in keys if k[0] == 2}) == 2, keys  # at the steady entry: the window's and the flush's
