@@ -37,6 +37,17 @@ def markdown(report: dict) -> str:
         lines.append(f"| {p['conversation']} | {p['prompt_tokens']} | {p['turns']} | {p['chunks']} | {p['exact']} | "
                      f"{p['program_share']} | {p['replayed_share']} | {p['ttfa_ms']} ({p['stock_ttfa_ms']}) | "
                      f"{p['chunk_ms_p50']}/{p['chunk_ms_p99']} |")
+    slow = sorted((r for r in report["per_chunk"] if "work" in r), key=lambda r: -r["ms"])[:5]
+    if slow:
+        lines += ["", "The slowest chunks and what each paid for besides its step (programs built, their "
+                      "seconds, captures, checks taken from idle time, collections by generation):", "",
+                  "| conv | turn | chunk | tokens | route | ms | built (s) | captured s | idle checks | gc |",
+                  "|---:|---:|---:|---:|---|---:|---:|---:|---:|---|"]
+        for r in slow:
+            w = r["work"]
+            lines.append(f"| {r['conversation']} | {r['turn']} | {r['chunk']} | {r['tokens']}"
+                         f"{' last' if r['last'] else ''} | {r['route']} | {r['ms']:.1f} | {w['built']} "
+                         f"({w['build_s']}) | {w['captured_s']} | {w.get('ahead_taken', '-')} | {w['gc']} |")
     return "\n".join(lines) + "\n"
 
 
