@@ -327,11 +327,11 @@ class _StreamBuilder:
         if self.check_hazards:
             with self._checks_lock:
                 hit = self._checked.get(shared.checked)
+                if hit is not None:
+                    self._checked[shared.checked] = (hit[0], False)  # taken: the next build is not counted
             if hit is not None:
                 problems = hit[0]
                 self._ahead["taken_by_chunks"] += hit[1]
-                with self._checks_lock:
-                    self._checked[shared.checked] = (problems, False)  # taken: the next build is not counted
             else:
                 example = [copy_strided(inputs[n]) for n in cexe.signature.inputs]
                 with collector.held():  # as at_length's: a collection among the walk's views costs more than the walk

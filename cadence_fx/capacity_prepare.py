@@ -22,7 +22,7 @@ from .capacity_executable import CapacityExecutable, SharedGraph, _label, _shape
 from .compiler import program_kind
 from .errors import CadenceError, SpecializationRefused
 from .passes.capacity import check_dims
-from .passes.capacity_ops import size_at
+from .passes.capacity_ops import _guards, size_at
 from .runtime import device_work
 from .runtime.variants import VariantBusy, VariantKey, VariantRefused
 
@@ -146,13 +146,13 @@ def serving(plan, sym) -> Callable[[Mapping[str, int]], bool]:
 
 @functools.lru_cache(maxsize=256)
 def _guard_functions(names: tuple, guards: tuple) -> "tuple | None":
-    """The guards as Python functions of the dims' values (``sympy.lambdify``; None where one
-    cannot be made)."""
+    """The guards as Python functions of the dims' values: ``check_dims``'s own reading of
+    them (``capacity_ops._guards``), each through ``sympy.lambdify``; None where one cannot
+    be made."""
     import sympy
     try:
-        symbols = [sympy.Symbol(n, integer=True) for n in names]
-        env = dict(zip(names, symbols))
-        return tuple(sympy.lambdify(symbols, sympy.sympify(g, locals=env), modules="math") for g in guards)
+        symbols, exprs = _guards(names, guards)
+        return tuple(sympy.lambdify(symbols, e, modules="math") for e in exprs)
     except Exception:  # noqa: BLE001
         return None
 
