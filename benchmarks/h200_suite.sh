@@ -17,6 +17,7 @@ mkdir -p /tmp/suite
 CADENCE_RESULTS_DIR=/tmp/suite timeout "${SUITE_TIMEOUT:-560}" python3 -m pytest -m cuda tests -n "${WORKERS:-12}" --durations=40 -rs \
   -p no:cacheprovider "$@" 2>&1 | tee "$out/pytest-cuda.log"
 rc=${PIPESTATUS[0]}
+[ -f /tmp/suite/failures.txt ] && cp /tmp/suite/failures.txt "$out/failures.txt"  # each failure as reported
 # A process that aborts after its tests passed (a C++ destructor that throws at the
 # interpreter's exit, 2026-12-02) leaves pytest's exit status 0: that is a failure too.
 if grep -qE "terminate called|Fatal Python error|crashed while running" "$out/pytest-cuda.log"; then

@@ -89,3 +89,16 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: -_FILE_SECONDS.get(item.nodeid.split("::")[0], 0))  # stable: in-file order kept
+
+
+def pytest_runtest_logreport(report):
+    """With ``CADENCE_RESULTS_DIR`` set (the device scripts), write each failure there the
+    moment it is reported (``failures.txt``), so a run the device's time limit kills still
+    says which tests failed and why (pytest prints its summary only at the end)."""
+    where = os.environ.get("CADENCE_RESULTS_DIR")
+    if not where or not report.failed or os.environ.get("PYTEST_XDIST_WORKER"):  # the controller writes
+        return
+    text = str(report.longrepr)
+    with open(os.path.join(where, "failures.txt"), "a") as out:
+        out.write(f"==== {report.nodeid} ({report.when}, {report.duration:.1f} s)\n")
+        out.write("\n".join(text.splitlines()[-80:]) + "\n")
