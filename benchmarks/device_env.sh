@@ -7,7 +7,7 @@
 # against `git show <commit>:<file> | sha256sum`), and the sha256 of every pass, compiler.py and
 # runtime file plus the files given.  Outputs go under /tmp/r; `tar czf $OUT/r.tgz -C /tmp r` sends
 # them back.
-mkdir -p .site .cfx /tmp/r
+rm -rf /tmp/r; mkdir -p .site .cfx /tmp/r  # a warm machine keeps /tmp: nothing of an earlier call comes back
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target .site .whl/*.whl >/dev/null 2>&1 \
   || echo "device_env: installing the carried wheels failed (is .whl/ carried?)" >&2
 export PYTHONPATH=$PWD/.site:$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1 CUBLAS_WORKSPACE_CONFIG=:4096:8 \

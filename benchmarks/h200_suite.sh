@@ -13,7 +13,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   python3 -c "import torch, sys; print('torch', torch.__version__, 'python', sys.version.split()[0])"
   echo "commit ${COMMIT:-unknown}"; date -u +%Y-%m-%dT%H:%M:%SZ; } > "$out/gpu.txt"
-mkdir -p /tmp/suite
+rm -rf /tmp/suite; mkdir -p /tmp/suite  # a warm machine keeps /tmp: no failure or report of an earlier call
 CADENCE_RESULTS_DIR=/tmp/suite timeout "${SUITE_TIMEOUT:-560}" python3 -m pytest -m cuda tests -n "${WORKERS:-12}" --durations=40 -rs \
   -p no:cacheprovider "$@" 2>&1 | tee "$out/pytest-cuda.log"
 rc=${PIPESTATUS[0]}

@@ -46,9 +46,15 @@ def markdown(report: dict) -> str:
         for r in slow:
             w = r["work"]
             lines.append(f"| {r['conversation']} | {r['turn']} | {r['chunk']} | {r['tokens']}"
-                         f"{' last' if r['last'] else ''} | {r['route']} | {r['ms']:.1f} | {w['built']} "
+                         f"{' last' if r['last'] else ''} | {_cell(r['route'])} | {r['ms']:.1f} | {w['built']} "
                          f"({w['build_s']}) | {w['captured_s']} | {w.get('ahead_taken', '-')} | {w['gc']} |")
     return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    """``text`` as one Markdown table cell: a route names its shape with ``|`` (``entry 2 | token
+    (1, 17), ...``), which would otherwise split the row into more columns than its header."""
+    return text.replace("|", "\\|")
 
 
 def plot(report: dict, path: str) -> str | None:

@@ -249,3 +249,25 @@ def test_a_bad_build_share_is_refused_by_name_before_anything_is_built(bad, caps
         cli.main(["traffic", "--model", "token2wav", "--background", "--build-share", bad, "--quiet"])
     assert "--build-share" in capsys.readouterr().err
     assert foreground.build_share() == foreground.DEFAULT_BUILD_SHARE
+
+
+def test_the_markdown_tables_keep_their_columns_when_a_route_names_a_shape():
+    """A route names its shape with ``|`` (``replay specialization entry 2 | token (1, 17), ...``):
+    the slowest-chunks table escapes it, so each row has its header's columns (the H100 report
+    of session forty-three had rows of 13 cells under a header of 10)."""
+    import re
+    from cadence_fx.tools import traffic_report
+    from pathlib import Path
+    report = json.loads((Path(__file__).parents[2] / "docs/results/traffic-h100.json").read_text())
+    assert any("|" in r["route"] for r in report["per_chunk"] if "work" in r)  # the case this is about
+    text = traffic_report.markdown(report)
+    cells = lambda row: len(re.findall(r"(?<!\\)\|", row))
+    tables, header = 0, None
+    for row in text.splitlines():
+        if not row.startswith("|"):
+            header = None
+            continue
+        if header is None:
+            header, tables = cells(row), tables + 1
+        assert cells(row) == header, row
+    assert tables == 2 and "entry 2 \\| token" in text
