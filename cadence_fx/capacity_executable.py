@@ -94,6 +94,9 @@ class CapacityExecutable:
     _working: Any = dataclasses.field(default=None, repr=False)
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
     _building: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
+    #: the seconds a stream's own program of a shape last took to build (what idle time looks
+    #: for before it builds one ahead: ``_StreamBuilder.work_ahead``)
+    own_build_s: float = 0.0
 
     def working(self) -> "WorkingArena | None":
         """The working arena every stream's graphs run on (made on first need), or None where
@@ -132,6 +135,9 @@ class SharedGraph:
     build_s: float
     how: str
     checked: fx.GraphModule  # its rule-S graph (the hazard check's); ``gm`` itself where the rules do not replay
+    #: the inputs (by name) it was built with: valid inputs of its shape, for a stream of another
+    #: branch class to build its own program of the shape ahead, in idle time (``work_ahead``)
+    inputs: "dict | None" = dataclasses.field(default=None, repr=False)
 
 
 def at_stream(gm: fx.GraphModule, dims: Mapping[str, int], lengths: list, entry, arena_inputs, nxt,
@@ -297,7 +303,9 @@ class _StreamBuilder:
         # class, or only a run can tell: its chunk checks it)
         self._checked: "weakref.WeakKeyDictionary[fx.GraphModule, tuple | None]" = weakref.WeakKeyDictionary()
         self._checks_lock = threading.Lock()  # chunks' builds may run on a worker thread
-        self._ahead = {"checked": 0, "left_to_chunks": 0, "s": 0.0, "taken_by_chunks": 0}
+        self._ahead = {"checked": 0, "left_to_chunks": 0, "s": 0.0, "taken_by_chunks": 0, "built": 0}
+        self._others: "dict[tuple, tuple]" = {}  # a shape of another branch class here -> (inputs, build_s)
+        self._idle = threading.local()  # .on: building ahead, in idle time (the foreground)
 
     def __call__(self, key: VariantKey, inputs: Mapping[str, torch.Tensor]):
         if key.entry is None:
@@ -306,13 +314,16 @@ class _StreamBuilder:
             return self.on_shared(key, inputs)
         except VariantRefused as e:
             why = str(e)
-        if self.variants is not None and self.variants.background is not None and not in_background():
+        if self.variants is not None and self.variants.background is not None and not in_background() \
+                and not getattr(self._idle, "on", False):
             # the quick path (a held graph that serves this length, then refused by the hazard
             # check here): a trace of this stream's own would make the chunk wait for it
             raise VariantRefused(f"{why}; a program of this stream's own is not traced on a chunk while builds go "
                                  f"to the background")
+        t0 = time.perf_counter()
         try:
             program, nbytes, how = self.own(key, inputs)
+            self.cexe.own_build_s = time.perf_counter() - t0
         except NeedsForeground:
             raise
         except Exception as e:
@@ -348,14 +359,17 @@ class _StreamBuilder:
     def work_ahead(self, seconds: "float | None") -> int:
         """Idle time (``Variants.work_ahead``): this stream's hazard check of each shared graph
         held that serves its length and that it has not checked, so that the first chunk of
-        its shape runs without it.  The walk alone (where only a run can tell, the chunk
-        checks); ``seconds`` (None: no bound) checked between graphs.  Returns those checked."""
-        if not self.check_hazards:
-            return 0
+        its shape runs without it (the walk alone: where only a run can tell, the chunk
+        checks); then, for each shape held whose shared graph does not serve this length
+        (another branch class of the model's code here), this stream's own program of it, built
+        at the steady entry's state (``Variants.build_ahead``, the chunk's own builder) where
+        the time left is at least what such a build last took (or the shared graph's build):
+        its chunk then builds nothing.  ``seconds`` (None: no bound) looked at between items.
+        Returns the items done (checks and builds)."""
         t0, done, scratch = time.perf_counter(), 0, {}
         with self.cexe._lock:
             held = [(shape, g) for shape, g in self.cexe.shared.items() if isinstance(g, SharedGraph)]
-        for shape, shared in held:
+        for shape, shared in held if self.check_hazards else ():
             if seconds is not None and time.perf_counter() - t0 >= seconds:
                 break
             with self._checks_lock:
@@ -364,24 +378,50 @@ class _StreamBuilder:
             problems = None
             try:
                 self.serves(VariantKey(shape[0], (), shape[1], shape[2]), shared)
-            except VariantRefused:
-                pass  # another branch class at this length: a chunk of it builds its own program
+            except VariantRefused:  # another branch class at this length: its own program, below
+                if shared.inputs is not None:
+                    self._others[shape] = (shared.inputs, shared.build_s)
             else:
                 lengths = [self.device_lengths[d] for d in shared.sym.dims]
                 with collector.held():
                     problems = _hazards(shared.checked, self.cexe, None, self.dims, lengths, scratch, full_run=False)
                 done += problems is not None
-            self._ahead["left_to_chunks"] += problems is None
+                self._ahead["left_to_chunks"] += problems is None
             with self._checks_lock:
                 self._checked[shared.checked] = None if problems is None else (problems, True)
-        self._ahead["s"] += time.perf_counter() - t0
         self._ahead["checked"] += done
+        done += self._build_others(seconds, t0)
+        self._ahead["s"] += time.perf_counter() - t0
         return done
 
+    def _build_others(self, seconds: "float | None", t0: float) -> int:
+        """``work_ahead``'s builds: this stream's own program of each shape of another branch
+        class, each where the time left holds one (else left for a later idle, or its chunk)."""
+        built = 0
+        for shape, (inputs, shared_s) in list(self._others.items()) if self.variants is not None else ():
+            left = None if seconds is None else seconds - (time.perf_counter() - t0)
+            if left is not None and left < max(self.cexe.own_build_s, shared_s):
+                continue
+            del self._others[shape]
+            entry = self.plan.catalog[shape[0]]
+            axes = {r: self.plan.layout.slot(r).axis for r in self.cexe.signature.regions}
+            extents = tuple((r, None if axes[r] is None or r not in entry.regions else
+                             int(entry.regions[r].shape[axes[r]])) for r in self.cexe.signature.regions)
+            self._idle.on = True
+            try:
+                took = self.variants.build_ahead(VariantKey(shape[0], extents, shape[1], shape[2]), inputs)
+            finally:
+                self._idle.on = False
+            built += took is not None
+        self._ahead["built"] += built
+        return built
+
     def ahead_stats(self) -> dict:
-        """Shared graphs checked ahead (``work_ahead``), left to their chunks, seconds, and
-        chunks' builds that took a check made ahead."""
-        return {**self._ahead, "s": round(self._ahead["s"], 3)}
+        """Shared graphs checked ahead (``work_ahead``), left to their chunks (only a run can
+        check them), seconds, chunks' builds that took a check made ahead; ``built``: this
+        stream's own programs of shapes of another branch class built ahead, ``own_waiting``:
+        such shapes found and not built yet (no idle time long enough so far)."""
+        return {**self._ahead, "s": round(self._ahead["s"], 3), "own_waiting": len(self._others)}
 
     def serves(self, key: VariantKey, shared: SharedGraph) -> dict:
         """The next state's extents of ``shared`` at this stream's length; ``VariantRefused``
@@ -507,40 +547,7 @@ def _build_shared(cexe: CapacityExecutable, key: VariantKey, inputs: Mapping[str
     how = f"{setup.get('how', '?')} (variant {setup.get('variant')}, program {setup.get('program')})"
     run = lowered_copy(gm, cexe.rules, cexe.device.type, adapter.step_boundary(), length_free=cexe.shared_captures)
     walk_plan(gm)  # each stream's check of this graph walks it: plan that walk here, with the build
-    return SharedGraph(run, cplan, bound, own_bytes(gm, adapter), 0.0, how, gm)
-
-
-def class_capacity(adapter, programs, upto: int, say: Callable[[str], None] | None = None) -> tuple:
-    """For a stream of ``adapter`` (at its length ``s`` of its one symbolic dim) that a
-    capacity's graphs refuse for another branch class of the model's code: ``(c, steps)``,
-    each catalog entry's symbolic step of ``s``'s class (looked up in ``programs``, or traced
-    at ``s``) and ``c``, the largest length in ``s..upto`` at which every one of them holds:
-    ``capacity_executable(adapter at c, steps)`` then serves ``s`` and every length of its
-    class up to ``c``.  ``SpecializationRefused`` where no symbolic step serves ``s``."""
-    (d,) = adapter.symbolic_dims()
-    s = int(adapter.dims()[d])
-    plan = build_plan(adapter)
-    by_region = region_buffers(adapter.declaration, Arena(plan.layout, torch.device(adapter.device)))
-    steps = {}
-    for entry in plan.catalog:
-        setup: dict = {}
-
-        def use(sym: SymbolicStep, at: dict) -> SymbolicStep:
-            check_guards(sym, {d: s})
-            return sym
-        sym = symbolic_entry(adapter, lambda x: build_plan(adapter, x), plan, entry, by_region, programs, setup,
-                             say or (lambda msg: None), use)
-        if sym is None:
-            raise SpecializationRefused(f"no symbolic step of entry {entry.index} serves {d}={s}: {setup.get('reason')}")
-        steps[entry.index] = sym
-    for c in range(int(upto), s - 1, -1):
-        try:
-            for sym in steps.values():
-                check_guards(sym, {d: c})
-        except SpecializationRefused:
-            continue
-        return c, steps
-    return s, steps  # (s itself: its steps' guards hold there)
+    return SharedGraph(run, cplan, bound, own_bytes(gm, adapter), 0.0, how, gm, example)
 
 
 def attention_for(sym: SymbolicStep, dims: Mapping[str, int], masked_attention, device):
@@ -584,5 +591,4 @@ def _hazards(gm: fx.GraphModule, cexe: CapacityExecutable, inputs: "list | None"
 
 
 __all__ = ["CapacityExecutable", "CapacityPlan", "SharedGraph", "at_length", "capacity_executable",
-           "class_capacity",
            "at_stream", "extents_at", "hazards_at", "shared_variant"]

@@ -272,6 +272,42 @@ class Variants:
             return 0
         return self.ahead(seconds)
 
+    def build_ahead(self, key: VariantKey, inputs: Mapping[str, torch.Tensor]) -> "float | None":
+        """Idle time: ``key``'s program built now, on the calling thread, before any chunk asks
+        for it (an ``ahead`` hook's: ``inputs`` are valid inputs of its shapes), and held as a
+        chunk's build would be; even while builds go to the background (idle time is the
+        foreground's: a build that needs it runs here).  Only under policy ``"specialize"`` (under
+        ``"repeat"`` a shape is built the second time it comes; under ``"eager"`` never).  The
+        seconds it took, or None where nothing was built: held, refused before, building in
+        the background, another build running, or refused now (kept, as a chunk's would be)."""
+        if self.policy != "specialize" or self.max_entries == 0:
+            return None
+        with self._lock:
+            if key in self._held or key in self._refused or key in self._pending:
+                return None
+        if not self._building.acquire(blocking=False):
+            return None
+        try:
+            with self._lock:
+                if key in self._held:
+                    return None
+            t0 = time.perf_counter()
+            try:
+                program, nbytes, how = self._build(key, {n: copy_strided(t) for n, t in inputs.items()})
+            except VariantBusy:
+                return None
+            except Exception as e:  # kept, as a chunk's build's would be: its chunk runs eagerly, exact
+                with self._lock:
+                    self._refuse(key, e)
+                return None
+            build_s = round(time.perf_counter() - t0, 3)
+            with self._lock:
+                self._foreground_only.pop(key, None)  # built in the foreground now
+                self._take(key, _Built(program, int(nbytes), build_s, f"{how}, ahead in idle time"))
+            return build_s
+        finally:
+            self._building.release()
+
     def pending(self) -> list:
         """The handles of the background builds not taken yet (``DropIn.wait_for_builds``)."""
         with self._lock:

@@ -117,15 +117,18 @@ def chunk_work(before: dict, after: dict, gc_before: list, gc_after: list) -> di
 def _ahead(spec: dict) -> str:
     a = spec.get("ahead") or {}
     return (f"shared graphs checked there ahead of their chunks: {a.get('checked', 0)} in {a.get('s', 0.0)} s, "
-            f"taken by {a.get('taken_by_chunks', 0)} chunks, {a.get('left_to_chunks', 0)} left to their chunks")
+            f"taken by {a.get('taken_by_chunks', 0)} chunks, {a.get('left_to_chunks', 0)} left to their chunks; "
+            f"programs of a voice's own for shapes of another branch class built there: {a.get('built', 0)}")
 
 
 def specializations(live: dict) -> dict:
     """Off-catalog programs over every conversation's executable: how many, build and capture
-    seconds; ``ahead``: the shared graphs' checks idle time made (``Session.idle``), those left
-    to their chunks, their seconds, and the chunks that took one."""
+    seconds (idle time's builds among them); ``ahead``: the shared graphs' checks idle time made
+    (``Session.idle``), those left to their chunks, their seconds, the chunks that took one, and
+    the streams' own programs of shapes of another branch class built there (``built``) or not
+    yet (``own_waiting``)."""
     built, build_s, captured_s, refused = 0, 0.0, 0.0, {}
-    ahead = {"checked": 0, "left_to_chunks": 0, "s": 0.0, "taken_by_chunks": 0}
+    ahead = {"checked": 0, "left_to_chunks": 0, "s": 0.0, "taken_by_chunks": 0, "built": 0, "own_waiting": 0}
     seen = set()
     for c in live.values():
         spec = c["session"].stats().get("specializations")

@@ -472,8 +472,8 @@ def test_idle_time_checks_the_held_shared_graphs_so_a_voices_first_window_does_n
     the shared graphs with no walk on the chunk, exact.  What idle found is what the chunk
     acts on (a problem found ahead refuses the graph there: a program of the stream's own,
     the problem its reason; never the shared graph); a graph
-    of another branch class at the stream's length is left to its chunk (its own program);
-    ``idle(0)`` does nothing."""
+    of another branch class at the stream's length gets the stream's own program of that
+    shape, built there where the time left holds it; ``idle(0)`` does nothing."""
     import cadence_fx.capacity_executable as ce
     opt, cexe = shared
     window, flush = (_tokens(14, 5), False), (_tokens(7, 6), True)
@@ -515,15 +515,27 @@ def test_idle_time_checks_the_held_shared_graphs_so_a_voices_first_window_does_n
     (how,) = [v["how"] for v in session.stats()["specializations"]["held"].values()]
     assert how.startswith("this stream's own (") and "the test's" in how, how
 
-    # another branch class: 45 tokens' flush of 7 (see the test above) is left to its chunk
+    # another branch class: 45 tokens' flush of 7 (see the test above) is of the stream's own
+    # program, built in idle time where the time left holds such a build (not in 1 ms), at the
+    # steady entry's state: the chunk finds it held and builds nothing
     session, stock = stream_at(opt, cexe, 45)
-    session.idle()
     variants = session.session.executable.variants
-    assert variants.stats()["ahead"]["left_to_chunks"] >= 1, variants.stats()["ahead"]
+    for _ in range(50):  # each idle(1 ms) does one item at least: the flush's shape is found, not built
+        assert session.idle(0.001) == [] and variants.stats()["ahead"]["built"] == 0, variants.stats()["ahead"]
+        if variants.stats()["ahead"]["own_waiting"]:
+            break
+    assert variants.stats()["ahead"]["own_waiting"] >= 1 and not variants.stats()["held"], variants.stats()
+    session.idle()
+    ahead = variants.stats()["ahead"]
+    assert ahead["built"] >= 1 and ahead["own_waiting"] == 0, ahead
+    own = "entry 2 | token (1, 7), spk (1, 192) | last_chunk"
+    assert variants.stats()["held"][own]["how"].startswith("this stream's own (traced)"), variants.stats()["held"]
+    assert variants.stats()["held"][own]["how"].endswith("ahead in idle time"), variants.stats()["held"]
+    built = variants.built
     report = compare_streams(stock, session, steady + [flush], CPU, seed=9)
-    assert report["exact"] and report["per_chunk"][3]["route"].endswith("last_chunk"), report["per_chunk"]
-    (how,) = [v["how"] for v in session.stats()["specializations"]["held"].values()]
-    assert how.startswith("this stream's own ("), how
+    assert report["exact"] and report["per_chunk"][3]["route"] == "graph specialization " + own, report["per_chunk"]
+    assert variants.built == built, "the flush's chunk built again what idle time built"
+    assert session.idle() == []  # nothing left to do
 
 
 def test_the_hazard_walks_plan_logs_what_the_whole_walk_logs(shared):

@@ -100,12 +100,15 @@ def test_traffic_on_capacity_graphs_is_exact_and_restores_the_models_setting(sma
     compiled, whose executables the kept model would hold) run the graphs of one capacity
     (20 frames), windows and flushes on its shared graphs, every one built before the traffic
     (``--prepare``: windows of 11-13 tokens with the lookahead, flushes of 3-5); exact, every
-    chunk the program's; the kept model's own setting comes back after."""
+    chunk the program's, with idle time between chunks (``--idle``: the checks of the shared
+    graphs made there); the kept model's own setting comes back after."""
     code = cli.main(["traffic", "--model", SMALL, "--n-timesteps", "2", "--conversations", "2", "--turns", "1",
                      "--prompt-range", "7,8", "--steady-range", "2,2", "--window-range", "8,10", "--flush-range",
-                     "3,5", "--capacity", "20", "--prepare", "--json", "--quiet"])
+                     "3,5", "--capacity", "20", "--prepare", "--idle", "--json", "--quiet"])
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["prepare"]["shapes"] == report["prepare"]["served"] == 6, report["prepare"]
+    ahead = report["specializations"]["ahead"]  # idle time, unbounded: every check made, every own program built
+    assert ahead["checked"] >= 1 and ahead["own_waiting"] == 0, ahead
     assert code == 0 and report["exact"] is True and report["program_share"] == 1.0, (
         report["fallbacks"], report["per_conversation"])
     assert report["capacity"] == [20] and report["fallbacks"] == {}

@@ -186,7 +186,8 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
         """A stream that capacity ``cap``'s graphs refuse (another branch class of the model's
         code, say): the executable on the capacity of its own class below ``cap``
         (``class_capacity``), or None."""
-        from ...capacity_executable import at_length, class_capacity
+        from ...capacity_class import class_capacity
+        from ...capacity_executable import at_length
         try:
             c, steps = class_capacity(adapter, self.programs, cap, self.progress)
             cexe = self._capacity(c, spk, steps)
