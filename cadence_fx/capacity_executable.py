@@ -94,9 +94,7 @@ class CapacityExecutable:
     _working: Any = dataclasses.field(default=None, repr=False)
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
     _building: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
-    #: the seconds a stream's own program of a shape last took to build (what idle time looks
-    #: for before it builds one ahead: ``_StreamBuilder.work_ahead``)
-    own_build_s: float = 0.0
+    own_build_s: float = 0.0  #: a stream's own program's last build, s (idle time's estimate: ``work_ahead``)
 
     def working(self) -> "WorkingArena | None":
         """The working arena every stream's graphs run on (made on first need), or None where
@@ -402,17 +400,24 @@ class _StreamBuilder:
             left = None if seconds is None else seconds - (time.perf_counter() - t0)
             if left is not None and left < max(self.cexe.own_build_s, shared_s):
                 continue
-            del self._others[shape]
+            with self._checks_lock:  # (two sessions of this length may be idle at once)
+                if self._others.pop(shape, None) is None:
+                    continue
             entry = self.plan.catalog[shape[0]]
             axes = {r: self.plan.layout.slot(r).axis for r in self.cexe.signature.regions}
             extents = tuple((r, None if axes[r] is None or r not in entry.regions else
                              int(entry.regions[r].shape[axes[r]])) for r in self.cexe.signature.regions)
+            key = VariantKey(shape[0], extents, shape[1], shape[2])
             self._idle.on = True
             try:
-                took = self.variants.build_ahead(VariantKey(shape[0], extents, shape[1], shape[2]), inputs)
+                took = self.variants.build_ahead(key, inputs)
             finally:
                 self._idle.on = False
             built += took is not None
+            if took is None and not self.variants.settled(key):  # another build was running: a later idle's
+                with self._checks_lock:
+                    self._others.setdefault(shape, (inputs, shared_s))
+                break
         self._ahead["built"] += built
         return built
 

@@ -294,7 +294,7 @@ class Variants:
             t0 = time.perf_counter()
             try:
                 program, nbytes, how = self._build(key, {n: copy_strided(t) for n, t in inputs.items()})
-            except VariantBusy:
+            except (VariantBusy, NeedsForeground):  # not reasons to keep: its chunk (or a later idle) builds it
                 return None
             except Exception as e:  # kept, as a chunk's build's would be: its chunk runs eagerly, exact
                 with self._lock:
@@ -307,6 +307,11 @@ class Variants:
             return build_s
         finally:
             self._building.release()
+
+    def settled(self, key: VariantKey) -> bool:
+        """Whether ``key`` has a program held or a reason kept (nothing left to build for it)."""
+        with self._lock:
+            return key in self._held or key in self._refused
 
     def pending(self) -> list:
         """The handles of the background builds not taken yet (``DropIn.wait_for_builds``)."""

@@ -469,3 +469,34 @@ def test_a_failed_mid_stream_capture_runs_that_key_eagerly_and_is_not_tried_agai
                          "flags last outside the catalog (eager)": 1}, eager
         assert set(s.session.stats()["specializations"]["captured_here_s"]) == {
             "entry 0 | x (1, 4, 2)", "off-catalog kv=7 | x (1, 4, 3)", "entry 2 | x (1, 4, 3) | last"}
+
+
+def test_build_ahead_holds_what_a_chunk_would_build_and_keeps_only_a_chunks_reasons():
+    """``Variants.build_ahead`` (idle time's builds): under ``"specialize"`` only; the program
+    held as a chunk's build would be (the chunk's ``get`` then builds nothing); a build that
+    fails is refused as on a chunk, but another build running, or one needing the foreground,
+    leaves nothing kept (a later idle, or the chunk, builds it)."""
+    from cadence_fx.errors import NeedsForeground
+    calls = []
+
+    def build(key, inputs):
+        calls.append(key.entry)
+        if key.entry == 1:
+            raise ValueError("no program (the test's)")
+        if key.entry == 2:
+            raise NeedsForeground("the test's")
+        return object(), 8, "built"
+    x = _x(3, 0)
+    keys = [VariantKey(i, (), (("x", (1, CHANNELS, 3), "float32", (3 * CHANNELS, 3, 1)),), ()) for i in range(3)]
+    for policy in ("eager", "repeat"):
+        assert Variants(build, policy=policy).build_ahead(keys[0], x) is None and calls == []
+    v = Variants(build, policy="specialize")
+    assert v.build_ahead(keys[0], x) is not None and calls == [0] and v.settled(keys[0])
+    assert v.stats()["held"][keys[0].label()]["how"] == "built, ahead in idle time"
+    program, why = v.get(keys[0], x)
+    assert why is None and program is not None and calls == [0]  # the chunk takes it: no build
+    assert v.build_ahead(keys[0], x) is None and calls == [0]  # held: nothing to do
+    assert v.build_ahead(keys[1], x) is None and v.settled(keys[1]) and "the test's" in v.get(keys[1], x)[1]
+    assert v.build_ahead(keys[2], x) is None and not v.settled(keys[2])  # the foreground's, never kept
+    with v._building:  # another build running
+        assert v.build_ahead(keys[2], x) is None and calls == [0, 1, 2]
