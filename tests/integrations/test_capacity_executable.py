@@ -525,6 +525,10 @@ def test_idle_time_checks_the_held_shared_graphs_so_a_voices_first_window_does_n
         if variants.stats()["ahead"]["own_waiting"]:
             break
     assert variants.stats()["ahead"]["own_waiting"] >= 1 and not variants.stats()["held"], variants.stats()
+
+    def no_background(label, fn):  # idle time is the foreground: its build never goes to the worker
+        raise AssertionError(f"idle time's build of {label} went to the background")
+    variants.background = no_background  # (as with background=True: a chunk would not trace its own)
     session.idle()
     ahead = variants.stats()["ahead"]
     assert ahead["built"] >= 1 and ahead["own_waiting"] == 0, ahead
@@ -535,6 +539,7 @@ def test_idle_time_checks_the_held_shared_graphs_so_a_voices_first_window_does_n
     report = compare_streams(stock, session, steady + [flush], CPU, seed=9)
     assert report["exact"] and report["per_chunk"][3]["route"] == "graph specialization " + own, report["per_chunk"]
     assert variants.built == built, "the flush's chunk built again what idle time built"
+    variants.background = None
     assert session.idle() == []  # nothing left to do
 
 
