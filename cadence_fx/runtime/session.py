@@ -269,7 +269,8 @@ class Session:
         """Use time between chunks for work a chunk would otherwise pay (``PendingSession``:
         capturing the entries its build handed over; here and there, the executable's work
         ahead, ``Variants.work_ahead``: a capacity stream's checks of the shared window and
-        flush graphs held, at its length; then a full garbage collection that is due,
+        flush graphs held, at its length, and its own programs of shapes of another branch
+        class, captured here under replay; then a full garbage collection that is due,
         ``collector.collect_if_due``).  ``seconds``: None (no bound) or the time to use,
         checked between items (one item may run past it).  Returns the entries captured:
         none here, where set-up captured every entry."""
@@ -282,9 +283,25 @@ class Session:
         return []
 
     def _work_ahead(self, seconds: float | None) -> int:
-        """(Inside ``_exclusive``.)  The executable's work ahead of later chunks, ``seconds`` at most."""
+        """(Inside ``_exclusive``.)  The executable's work ahead of later chunks (``Variants.work_ahead``),
+        then, under replay, this session's capture of each program built there (``Variants.built_ahead``:
+        as its first chunk would capture it, ``_session_variant``), ``seconds`` at most (looked at
+        between items).  Returns the items done."""
         variants = self.executable.variants
-        return 0 if variants is None else variants.work_ahead(seconds)
+        if variants is None:
+            return 0
+        t0 = time.perf_counter()
+        done = variants.work_ahead(seconds)
+        for key, program, inputs in variants.built_ahead() if self.gate is not None else ():
+            if program.kind != "cudagraph" or key in self._variant_programs:
+                continue
+            if seconds is not None and time.perf_counter() - t0 >= seconds:
+                break
+            mine, why = self._session_variant(key, program, inputs)
+            if why == device_work.DEFERRED:  # a build's device work: a later idle's
+                break
+            done += mine is not None
+        return done
 
     def close(self) -> None:
         """Refuse every later step (``SessionClosed``); a step already running finishes.  With

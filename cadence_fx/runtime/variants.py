@@ -132,6 +132,7 @@ class _Built:
     nbytes: int
     build_s: float
     how: str
+    inputs: Any = None  # built ahead (``build_ahead``): inputs of its shapes, for a session's capture in idle time
 
 
 class Variants:
@@ -303,10 +304,17 @@ class Variants:
             build_s = round(time.perf_counter() - t0, 3)
             with self._lock:
                 self._foreground_only.pop(key, None)  # built in the foreground now
-                self._take(key, _Built(program, int(nbytes), build_s, f"{how}, ahead in idle time"))
+                self._take(key, _Built(program, int(nbytes), build_s, f"{how}, ahead in idle time",
+                                       {n: copy_strided(t) for n, t in inputs.items()}))
             return build_s
         finally:
             self._building.release()
+
+    def built_ahead(self) -> list:
+        """``(key, program, inputs)`` of each program held that ``build_ahead`` built (what a
+        replaying session captures in its idle time: ``Session._work_ahead``)."""
+        with self._lock:
+            return [(k, b.program, b.inputs) for k, b in self._held.items() if b.inputs is not None]
 
     def settled(self, key: VariantKey) -> bool:
         """Whether ``key`` has a program held or a reason kept (nothing left to build for it)."""

@@ -263,3 +263,33 @@ def test_misuse_of_shared_captures_is_a_clear_error(t2w_mini, shared):
     own_length = Arena(ce.build_plan(opt.adapter_for(82, spk)).layout, CPU)  # laid out at 82 frames
     with pytest.raises(CadenceError, match="laid out as its working arena"):
         WorkingSession(exe, own_length, adapter.fallback, {}, WorkingArena(plain.plan.layout, CPU))
+
+
+def test_idle_time_builds_and_captures_a_voices_own_program_of_another_branch_class(t2w_mini, shared, monkeypatch):
+    """A voice of the 7-token flush's other branch class (45 tokens: 90 frames, one length in 7;
+    ``test_capacity_executable``'s flush tests) on shared captures: ``session.idle()`` builds its
+    own program of the flush (``Variants.build_ahead``) and captures it there (on the working
+    arena: ``Session._work_ahead``), so the flush's chunk replays it with no build and no
+    capture; every chunk exact.  A voice of the capacity's class gets nothing built."""
+    fake_capture(monkeypatch)
+    cexe = shared
+    opt = t2w_mini.opt
+    steady = [(_tokens(28, 70 + i), False) for i in range(3)]
+    flush = (_tokens(7, 74), True)
+    session, stock = _voice(opt, cexe, 41)  # the capacity's class: the flush's shared graph, built here if not yet
+    for i, chunk in enumerate(steady + [flush]):
+        _exact(session, stock, chunk, 700 + i)
+    session, stock = _voice(opt, cexe, 45)
+    for i, chunk in enumerate(steady):
+        assert _exact(session, stock, chunk, 710 + i).startswith("replay")
+    variants = session.session.executable.variants
+    captures = cexe.working().stats()["captures"]
+    session.idle()
+    own = "entry 2 | token (1, 7), spk (1, 192) | last_chunk"
+    assert variants.stats()["ahead"]["built"] == 1 and own in variants.stats()["held"], variants.stats()
+    assert cexe.working().stats()["captures"] == captures + 1  # captured in idle time, once
+    built = variants.built
+    route = _exact(session, stock, flush, 713)
+    assert route == "replay specialization " + own, route
+    assert variants.built == built and cexe.working().stats()["captures"] == captures + 1  # nothing on the chunk
+    assert session.stats()["specializations"]["captured_here_s"], session.stats()["specializations"]
