@@ -9,7 +9,9 @@
 # checks of the shared window and flush graphs at its length made there, ahead of their chunks;
 # timed apart from the chunks, reported as idle_s), as a server has between a voice's chunks.
 # Run through the device tool with carry [".whl"]:
-#     bash benchmarks/issue15_call.sh <commit> [seconds, default 570] [--idle]
+#     [SEED=5] bash benchmarks/issue15_call.sh <commit> [seconds, default 570] [--idle]
+# SEED (default 0): the traffic's seed; seed 5 sends three windows and flushes of a voice's other
+# branch class than the capacity's (built and captured in idle time with --idle), seed 0 none.
 # Outputs under /tmp/r, tarred to $OUT/r.tgz at the end (and every 60 s meanwhile).
 set -u
 C=${1:?usage: issue15_call.sh <commit> [seconds]}
@@ -22,7 +24,7 @@ mkdir -p /tmp/r/traffic
 ( while sleep 60; do (cd /tmp && tar czf $OUT/r.tgz r); done ) & ticker=$!
 start=$SECONDS
 timeout $LIMIT python3 -m cadence_fx traffic --device cuda --rules SRc --n-timesteps 5 --conversations 8 \
-  --seed 0 --capacity 500 --prepare --shared-captures $IDLE --json --out /tmp/r/traffic \
+  --seed ${SEED:-0} --capacity 500 --prepare --shared-captures $IDLE --json --out /tmp/r/traffic \
   > /tmp/r/traffic/stdout.txt 2> /tmp/r/traffic/log.txt
 echo "traffic rc=$? at $((SECONDS-start)) s"; tail -1 /tmp/r/traffic/stdout.txt | cut -c1-1500
 tail -5 /tmp/r/traffic/log.txt | cut -c1-300
