@@ -339,9 +339,10 @@ def bind_dims(sym: SymbolicStep, dims: Mapping[str, int]) -> SymbolicStep:
         guards.append(v)
     graph = fx.Graph()
     graph.output(graph.graph_copy(sym.gm.graph, {}))
+    memo: dict = {}  # expression -> its value here: the same sizes recur on thousands of nodes
     for node in graph.nodes:
         if meta.SYM in node.meta:
-            node.meta[meta.SYM] = _rebind(node.meta[meta.SYM], binding)
+            node.meta[meta.SYM] = _rebind(node.meta[meta.SYM], binding, memo)
     gm = module_without_code(sym.gm, graph)
     gm.meta.update(sym.gm.meta)
     placeholders = tuple(dataclasses.replace(p, shape=tuple(_rebind(x, binding) for x in p.shape))
@@ -351,15 +352,23 @@ def bind_dims(sym: SymbolicStep, dims: Mapping[str, int]) -> SymbolicStep:
                                placeholders=placeholders, guards=tuple(guards), static_values={})
 
 
-def _rebind(v, binding: Mapping):
-    """A recorded value with ``binding``'s symbols replaced (an expression left with none: an int)."""
+def _rebind(v, binding: Mapping, memo: "dict | None" = None):
+    """A recorded value with ``binding``'s symbols replaced (an expression left with none: an int);
+    ``memo``: expressions already replaced under this ``binding`` (sympy's are immutable and
+    compare by structure, so an equal expression has the equal result)."""
     if isinstance(v, SymTensor):
-        return SymTensor(tuple(_rebind(x, binding) for x in v.shape), tuple(_rebind(x, binding) for x in v.stride),
-                         _rebind(v.offset, binding), v.dtype, v.device)
+        return SymTensor(tuple(_rebind(x, binding, memo) for x in v.shape),
+                         tuple(_rebind(x, binding, memo) for x in v.stride), _rebind(v.offset, binding, memo),
+                         v.dtype, v.device)
     if isinstance(v, (list, tuple)):
-        return type(v)(_rebind(x, binding) for x in v)
+        return type(v)(_rebind(x, binding, memo) for x in v)
     if getattr(v, "free_symbols", None):
-        v = v.xreplace(binding)
-        if getattr(v, "is_Integer", False):
-            return int(v)
+        if memo is not None and v in memo:
+            return memo[v]
+        out = v.xreplace(binding)
+        if getattr(out, "is_Integer", False):
+            out = int(out)
+        if memo is not None:
+            memo[v] = out
+        return out
     return v
