@@ -403,11 +403,9 @@ class _StreamBuilder:
             with self._checks_lock:  # (two sessions of this length may be idle at once)
                 if self._others.pop(shape, None) is None:
                     continue
-            entry = self.plan.catalog[shape[0]]
-            axes = {r: self.plan.layout.slot(r).axis for r in self.cexe.signature.regions}
-            extents = tuple((r, None if axes[r] is None or r not in entry.regions else
-                             int(entry.regions[r].shape[axes[r]])) for r in self.cexe.signature.regions)
-            key = VariantKey(shape[0], extents, shape[1], shape[2])
+            regions, carried = self.plan.catalog[shape[0]].regions, self.cexe.signature.regions
+            extents = extents_in_slots({r: tuple(regions[r].shape) for r in carried if r in regions}, self.plan)
+            key = VariantKey(shape[0], tuple((r, extents.get(r)) for r in carried), shape[1], shape[2])
             self._idle.on = True
             try:
                 took = self.variants.build_ahead(key, inputs)

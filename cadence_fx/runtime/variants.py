@@ -293,8 +293,9 @@ class Variants:
                 if key in self._held:
                     return None
             t0 = time.perf_counter()
+            copies = {n: copy_strided(t) for n, t in inputs.items()}  # built from, then kept for captures
             try:
-                program, nbytes, how = self._build(key, {n: copy_strided(t) for n, t in inputs.items()})
+                program, nbytes, how = self._build(key, copies)
             except (VariantBusy, NeedsForeground):  # not reasons to keep: its chunk (or a later idle) builds it
                 return None
             except Exception as e:  # kept, as a chunk's build's would be: its chunk runs eagerly, exact
@@ -304,8 +305,7 @@ class Variants:
             build_s = round(time.perf_counter() - t0, 3)
             with self._lock:
                 self._foreground_only.pop(key, None)  # built in the foreground now
-                self._take(key, _Built(program, int(nbytes), build_s, f"{how}, ahead in idle time",
-                                       {n: copy_strided(t) for n, t in inputs.items()}))
+                self._take(key, _Built(program, int(nbytes), build_s, f"{how}, ahead in idle time", copies))
             return build_s
         finally:
             self._building.release()
