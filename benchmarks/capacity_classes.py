@@ -38,7 +38,7 @@ def main(argv=None) -> int:
     for cap in (int(c) for c in args.capacities.split(",")):
         opt = cadence_fx.optimize(stock, rules="S", cache=tempfile.mkdtemp(prefix="cfx-classes-"),
                                   off_catalog="specialize", capacity=cap)
-        got = opt.prepare_capacity(windows, flushes)[f"{cap} mel frames"]
+        got = opt.prepare_capacity(windows, flushes, prompt_tokens=())[f"{cap} mel frames"]  # (this capacity only)
         lengths = [v for v in range(4, cap + 1, 2) if (v + 99) % 25]  # the catalog's (its guards: even, >= 4, its class)
         for label, how in got.items():
             tokens = int(label.split("token (1, ")[1].split(")")[0])

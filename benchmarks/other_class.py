@@ -56,7 +56,7 @@ def main(argv=None) -> int:
     stock = s2.Token2WavTail(flow.to(device), hift.to(device), n_timesteps=args.n_timesteps)
     opt = cadence_fx.optimize(stock, rules=args.rules, cache=tempfile.mkdtemp(prefix="cfx-other-"),
                               off_catalog="specialize", capacity=args.capacity)
-    prepared = opt.prepare_capacity([], [n])
+    prepared = opt.prepare_capacity([], [n], prompt_tokens=voices)
     g = torch.Generator().manual_seed(0)
 
     def tokens(k):

@@ -67,7 +67,8 @@ def main(argv=None) -> int:
     opt = cadence_fx.optimize(stock, rules=args.rules, cache=tempfile.mkdtemp(prefix="cfx-checks-"),
                               off_catalog="specialize", capacity=args.capacity)
     windows = [int(w) for w in args.windows.split(",")]
-    opt.prepare_capacity(windows, [args.flush])
+    voice_tokens = [int(x) + i for x in args.prompt_tokens.split(",") for i in (0, 1)]  # (with --idle's voices)
+    opt.prepare_capacity(windows, [args.flush], prompt_tokens=voice_tokens)
     g = torch.Generator().manual_seed(0)
 
     def tokens(n):

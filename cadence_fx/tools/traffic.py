@@ -248,17 +248,20 @@ def _drive(args, spec, convos, stock, opt, device, say, chunk, live: dict) -> tu
 
 
 def _prepare(args, opt, ranges, lookahead: int, say) -> dict:
-    """``--prepare``: ``opt.prepare_capacity`` for the ranges' windows (+ lookahead) and flushes."""
-    (w_lo, w_hi), (f_lo, f_hi) = ranges["window"], ranges["flush"]
+    """``--prepare``: ``opt.prepare_capacity`` for the ranges' windows (+ lookahead) and flushes, and
+    the capacities of the branch classes of the range's prompt lengths that a capacity refuses."""
+    (w_lo, w_hi), (f_lo, f_hi), (p_lo, p_hi) = ranges["window"], ranges["flush"], ranges["prompt"]
     t0 = time.perf_counter()
-    built = opt.prepare_capacity(range(w_lo + lookahead, w_hi + lookahead + 1), range(f_lo, f_hi + 1))
+    built = opt.prepare_capacity(range(w_lo + lookahead, w_hi + lookahead + 1), range(f_lo, f_hi + 1),
+                                 prompt_tokens=range(p_lo, p_hi + 1))
     captured = built.pop("captured", None)  # --shared-captures: each capacity's captures, apart
+    classes = built.pop("classes", None)  # prompt lengths a capacity refuses: where each runs
     hows = [h for per in built.values() if isinstance(per, dict) for h in per.values()]
     if say:
         say(f"prepared {len(hows)} window and flush shapes in {time.perf_counter() - t0:.1f} s")
     return {"s": round(time.perf_counter() - t0, 2), "shapes": len(hows),
             "served": sum(h.startswith(("held", "built", "the catalog's own")) for h in hows),
-            "by_capacity": built, "captured": captured}
+            "by_capacity": built, "captured": captured, "classes": classes}
 
 
 def _open(spec, args, c: Conversation, stock, opt, device, say) -> dict:

@@ -4,6 +4,18 @@ what it gathers from the live sessions (their specializations, their working are
 from __future__ import annotations
 
 
+def _classes(prepare: dict) -> str:
+    """The prompt lengths a capacity refused at ``--prepare`` (another branch class) and where they run."""
+    where = [(f, how) for per in (prepare.get("classes") or {}).values() for f, how in per.items()]
+    if not where:
+        return ""
+    on = sorted({how for _, how in where if how.startswith("on ")})
+    left = [f for f, how in where if not how.startswith("on ")]
+    return (f" (the prompt lengths of another branch class, {len(where)}, on their class's capacity, built and "
+            f"prepared there too: {', '.join(h[3:] for h in on) or 'none'}"
+            + (f"; {len(left)} served by none, built for their own length: {', '.join(left)}" if left else "") + ")")
+
+
 def markdown(report: dict) -> str:
     lines = [f"# traffic: {report['conversations']} conversations, {report['chunks']} chunks",
              "", f"`{report['command']}`" if report["command"] else "",
@@ -18,7 +30,8 @@ def markdown(report: dict) -> str:
              f"frames on one set of graphs); specializations built {report['specializations']['built']} "
              f"in {report['specializations']['build_s']} s, captured in {report['specializations']['capture_s']} s"
              + (f"; prepared before the traffic: {report['prepare']['served']}/{report['prepare']['shapes']} window "
-                f"and flush shapes in {report['prepare']['s']} s" if report.get("prepare") else ""),
+                f"and flush shapes in {report['prepare']['s']} s{_classes(report['prepare'])}"
+                if report.get("prepare") else ""),
              "", f"background builds: {report['background']} (share of the host while chunks run: "
              f"{report['build_share']}); idle time between chunks: {report['idle']}"
              + (f" ({report['idle_s']} s in all, {report['captured_idle']} entries captured there; "

@@ -335,18 +335,32 @@ def test_prepare_builds_window_and_flush_graphs_before_any_voice(t2w_mini, share
     """``prepare_capacity`` (a server's start): the capacity's shared graphs of each window and
     flush length asked for, at the steady state; the catalog's own chunk is not built again.
     A voice's window and flush of those lengths then build nothing, every chunk exact; a
-    second call finds them held.  Bad lengths and a model without a capacity: clear errors."""
+    second call finds them held.  A prompt length asked for (``prompt_tokens``) that the
+    capacity's catalog refuses (76 frames: the 1-in-25 class) gets its class's capacity (176
+    frames) built and its shapes prepared there too: that voice's set-up traces nothing and
+    its window and flush build nothing, exact.  Bad lengths and a model without a capacity:
+    clear errors."""
     import cadence_fx
+    from cadence_fx.programs import entry as programs_entry
     opt = cadence_fx.optimize(t2w_mini.tail, capacity=(CAPACITY,), off_catalog="specialize")
     _, cexe = shared
     opt._capacities[(CAPACITY, (1, 192), torch.float32, False)] = cexe
     window, own, flush = ("entry 2 | token (1, 9), spk (1, 192)", "entry 2 | token (1, 28), spk (1, 192)",
                           "entry 2 | token (1, 4), spk (1, 192) | last_chunk")
     before = cexe.stats()["built"]
-    got = opt.prepare_capacity(windows=[9, 28], flushes=[4])[f"{CAPACITY} mel frames"]
+    everything = opt.prepare_capacity(windows=[9, 28], flushes=[4], prompt_tokens=[38, 43])
+    got = everything[f"{CAPACITY} mel frames"]
     assert set(got) == {window, own, flush} and got[own] == "the catalog's own chunk", got
     assert got[window].startswith("built in ") and got[flush].startswith("built in "), got
     assert cexe.stats()["built"] == before + 2
+    assert everything["classes"] == {f"{CAPACITY} mel frames": {"76 mel frames": "on 176 mel frames"}}, everything
+    theirs = everything["176 mel frames"]  # the class's capacity, its shapes prepared as the capacity's
+    assert theirs[own] == "the catalog's own chunk" and theirs[window].startswith("built in ") and \
+        theirs[flush].startswith("built in "), theirs
+    assert opt._prompt_frames(None) == list(range(4, CAPACITY + 1, 2))  # default: every length upstream streams
+    for bad in ([1], [500], [2.0], [True]):
+        with pytest.raises(cadence_fx.CadenceError, match="prompt_tokens must be"):
+            opt.prepare_capacity(windows=[9], flushes=[], prompt_tokens=bad)
     prompt = s2.synthetic_prompt(43, seed=43)
     session = opt.open_session(*prompt)
     t2w_mini.tail.set_stream_cache(*prompt)
@@ -357,7 +371,28 @@ def test_prepare_builds_window_and_flush_graphs_before_any_voice(t2w_mini, share
     assert routes[3:] == [f"graph specialization {window}", f"graph specialization {flush}"], routes
     assert cexe.stats()["built"] == before + 2  # the voice built nothing
     session.close()
-    again = opt.prepare_capacity(windows=[9], flushes=[4])[f"{CAPACITY} mel frames"]
+    cls = next(c for k, c in opt._capacities.items() if k[0] == 176)
+    held = cls.stats()["built"]
+
+    def no_trace(*args, **kwargs):
+        raise AssertionError("a voice of a prepared class traced a program")
+    with monkeypatch.context() as m:  # the class's voice: its steps looked up, its shapes held
+        m.setattr(programs_entry, "_trace", no_trace)
+        prompt = s2.synthetic_prompt(38, seed=38)
+        session = opt.open_session(*prompt)
+        t2w_mini.tail.set_stream_cache(*prompt)
+        report = compare_streams(t2w_mini.tail, session, chunks, CPU, seed=38)
+    assert report["exact"], report["mismatches"]
+    assert session.session.executable.notes.get("capacity") == {"prompt_frames": 176}
+    routes = [c["route"] for c in report["per_chunk"]]
+    assert routes[3:] == [f"graph specialization {window}", f"graph specialization {flush}"], routes
+    assert cls.stats()["built"] == held  # the class's voice built nothing either
+    session.close()
+    all_again = opt.prepare_capacity(windows=[9], flushes=[4])  # every prompt length: the class's 4, held
+    assert all_again["classes"] == {f"{CAPACITY} mel frames": {f"{f} mel frames": "on 176 mel frames"
+                                                               for f in (26, 76, 126, 176)}}, all_again["classes"]
+    assert all(h.startswith("held") for h in all_again["176 mel frames"].values()), all_again["176 mel frames"]
+    again = all_again[f"{CAPACITY} mel frames"]
     # held; with one symbolic dim, the lengths up to the capacity each graph serves, of the
     # catalog's: the even ones 4..200 but the catalog's own 1-in-25 class (26, 76, 126, 176)
     assert again[window] == "held; serves 95 of 95 lengths" and again[flush].startswith("held; serves "), again
@@ -666,3 +701,45 @@ def test_capacity_graphs_replay_exactly_under_src(rules, shared):
         assert stats["refused"] == {}, stats
         built = stats["built"]["256 mel frames" + (", shared captures" if shared else "")]  # capacity_stats' keys
         assert {"entry 2 | token (1, 11), spk (1, 192)", flush} <= set(built["held"]), built
+
+
+@cuda
+def test_a_prepared_class_voice_replays_exactly_building_and_capturing_nothing(monkeypatch):
+    """``prepare_capacity(..., prompt_tokens=...)`` under SRc with shared captures (the released
+    Token2Wav, 5 flow steps, fp32, capacity 256): a prompt length the capacity's catalog
+    refuses (38 tokens, 76 frames: 76 + 99 divides by 25) gets its class's capacity (226
+    frames) built, its window and flush prepared and every graph captured on its working
+    arena before the voice comes.  That voice's set-up then traces nothing, every chunk
+    (warm-up, growth, the trim, steady chunks, a 9-token window, a 4-token flush) is
+    replayed and exact against the stock tail, and it builds and captures nothing."""
+    import cadence_fx
+    from cadence_fx.programs import entry as programs_entry
+    from helpers.marks import deterministic_protocol_restored
+    device = torch.device("cuda")
+    with deterministic_protocol_restored():
+        flow, hift = s2.build_modules(0)
+        tail = s2.Token2WavTail(flow.cuda(), hift.cuda(), n_timesteps=5)
+        opt = cadence_fx.optimize(tail, rules="SRc", capacity=(256,), off_catalog="specialize", shared_captures=True)
+        got = opt.prepare_capacity(windows=[9], flushes=[4], prompt_tokens=[38, 111])
+        assert got["classes"] == {"256 mel frames": {"76 mel frames": "on 226 mel frames"}}, got["classes"]
+        theirs = got["226 mel frames"]
+        assert all(h.startswith(("built in", "the catalog's own")) for h in theirs.values()), theirs
+        captured = got["captured"]["226 mel frames, shared captures"]
+        assert len(captured) == 5 and all(h.startswith("captured in") for h in captured.values()), captured
+        cls = next(c for k, c in opt._capacities.items() if k[0] == 226)
+        built, captures = cls.stats()["built"], cls.working().stats()["captures"]
+
+        def no_trace(*args, **kwargs):
+            raise AssertionError("a voice of a prepared class traced a program")
+        monkeypatch.setattr(programs_entry, "_trace", no_trace)
+        chunks = [(_tokens(28, 40 + i), False) for i in range(4)] + [(_tokens(9, 45), False), (_tokens(4, 46), True)]
+        prompt = s2.synthetic_prompt(38, seed=38, device="cuda")
+        tail.set_stream_cache(*prompt)
+        session = opt.open_session(*prompt)
+        report = compare_streams(tail, session, chunks, device, seed=38)
+        assert report["exact"], report["mismatches"]
+        routes = [c["route"] for c in report["per_chunk"]]
+        assert all(r.startswith("replay") for r in routes), routes
+        assert session.session.executable.notes.get("capacity") == {"prompt_frames": 226}
+        assert cls.stats()["built"] == built and cls.working().stats()["captures"] == captures
+        session.close()

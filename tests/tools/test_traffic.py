@@ -107,6 +107,7 @@ def test_traffic_on_capacity_graphs_is_exact_and_restores_the_models_setting(sma
                      "3,5", "--capacity", "20", "--prepare", "--idle", "--json", "--quiet"])
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["prepare"]["shapes"] == report["prepare"]["served"] == 6, report["prepare"]
+    assert report["prepare"]["classes"] == {"20 mel frames": {}}, report["prepare"]  # both prompts in its class
     ahead = report["specializations"]["ahead"]  # idle time, unbounded: every check made, every own program built
     assert ahead["checked"] >= 1 and ahead["own_waiting"] == 0, ahead
     assert code == 0 and report["exact"] is True and report["program_share"] == 1.0, (

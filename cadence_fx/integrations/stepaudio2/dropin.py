@@ -54,6 +54,8 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
     largest length up to ``C`` in it (``class_capacity``: the class's graphs, built once).  A length no capacity serves (past
     the largest, or in another branch class of the model's code) is built for its own
     length as without ``capacity``; ``capacity_stats()`` says which and why.
+    ``prepare_capacity`` builds the capacities' graphs (their classes' too) and their window
+    and flush shapes before any voice comes.
     ``shared_captures=True`` (with ``capacity``, under SR/SRc): each capacity's graphs are
     captured once, on a working arena of the capacity, for every voice (``runtime.working``:
     a voice's state is copied onto it before each chunk and back after, one chunk at a time),
@@ -215,21 +217,33 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
             self.capacity, self.shared_captures = new, shared
 
     @torch.inference_mode()
-    def prepare_capacity(self, windows=range(4, 29), flushes=range(1, 29), spk_dtype=torch.float32) -> dict:
+    def prepare_capacity(self, windows=range(4, 29), flushes=range(1, 29), spk_dtype=torch.float32,
+                         prompt_tokens=None) -> dict:
         """Before any voice arrives (a server's start): each capacity's graphs, and the shared
         graphs of a window of each token length in ``windows`` (lookahead included) and a flush
         of each length in ``flushes`` at the steady state, where a turn ends: a voice's first
         window or flush of those lengths then builds nothing.  ``spk_dtype``: the speaker
-        vectors' dtype the voices will bring (capacities are kept per dtype).  With
-        ``progress``, a line per shape.  Returns, per capacity, ``{shape: how}``
-        (``capacity_prepare.prepare``: held, built in S s, or why none serves), or why
-        that capacity has no graphs.  With shared captures (``shared_captures=True`` under
-        SR/SRc) every catalog entry's graph and every shape's is also captured on each
-        capacity's working arena (``capacity_prepare.capture``), reported under
-        ``"captured"``: ``{capacity: {label: how}}``; a voice then captures nothing.  A voice
-        in another branch class of the model's code still builds its class's (or its own)
-        graphs when it comes."""
-        from ...capacity_prepare import capture, chunk_inputs, prepare
+        vectors' dtype the voices will bring (capacities are kept per dtype).
+
+        ``prompt_tokens``: the voice prompt lengths (tokens) the voices will bring (default:
+        every length upstream streams, up to the largest capacity).  A length whose capacity's
+        catalog graphs refuse it (another branch class of the model's code: Token2Wav's
+        steady chunk refuses one prompt length in 25) runs on its class's capacity
+        (``class_capacity``): that capacity's graphs are built here too, its window and flush
+        shapes prepared (and captured) as the capacity's, so that voice's set-up and turn
+        ends build nothing either.  Each class is traced once at one of its lengths and
+        serves the rest of the class.
+
+        With ``progress``, a line per shape.  Returns, per capacity (the classes' included),
+        ``{shape: how}`` (``capacity_prepare.prepare``: held, built in S s, or why none
+        serves), or why that capacity has no graphs; under ``"classes"``, per capacity, the
+        prompt lengths (mel frames) its catalog refuses and where each runs (``"on C mel
+        frames"``) or why none serves it (it is then built for its own length when it comes).
+        With shared captures (``shared_captures=True`` under SR/SRc) every catalog entry's
+        graph and every shape's is also captured on each capacity's working arena
+        (``capacity_prepare.capture``), reported under ``"captured"``: ``{capacity: {label:
+        how}}``; a voice then captures nothing."""
+        from ...capacity_prepare import chunk_inputs
         if not self.capacity:
             raise CadenceError("prepare_capacity: no capacity is set (optimize(..., capacity=...) or set_capacity)")
         lengths = {}
@@ -241,21 +255,80 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
         if spk_dtype not in (torch.float32, self.dtype):
             raise CadenceError(f"prepare_capacity: spk_dtype={spk_dtype!r}; voices bring float32 or the flow's "
                                f"{self.dtype} speaker vectors")
+        frames = self._prompt_frames(prompt_tokens)
         spk = torch.zeros(1, SPK_DIM, device=self.device, dtype=spk_dtype)
-        out = {}
-        for cap in self.capacity:
+
+        def shapes(cexe) -> list:
+            return ([(chunk_inputs(cexe.adapter, {"chunk_tokens": n}), {}) for n in lengths["windows"]] +
+                    [(chunk_inputs(cexe.adapter, {"chunk_tokens": n}), {"last_chunk": True})
+                     for n in lengths["flushes"]])
+        out: dict = {}
+        capacities = self.capacity  # once: set_capacity may run beside this
+        for i, cap in enumerate(capacities):
             cexe = self._capacity(cap, spk, None)
             if isinstance(cexe, str):
                 out[f"{cap} mel frames"] = cexe
                 continue
-            shapes = [(chunk_inputs(cexe.adapter, {"chunk_tokens": n}), {}) for n in lengths["windows"]]
-            shapes += [(chunk_inputs(cexe.adapter, {"chunk_tokens": n}), {"last_chunk": True})
-                       for n in lengths["flushes"]]
-            out[f"{cap} mel frames"] = prepare(cexe, shapes, say=self.progress)
-            if cexe.working() is not None:
-                out.setdefault("captured", {})[f"{cap} mel frames, shared captures"] = capture(cexe, shapes,
-                                                                                             say=self.progress)
+            self._prepare_at(out, cexe, shapes(cexe))
+            below = capacities[i - 1] if i else 0
+            self._prepare_classes(out, cap, cexe, [f for f in frames if below < f <= cap], spk, shapes)
         return out
+
+    def _prompt_frames(self, prompt_tokens) -> list:
+        """``prepare_capacity``'s ``prompt_tokens`` as prompt lengths in mel frames (checked)."""
+        from .inputs import MIN_PROMPT_TOKENS, STOCK_CACHE_FRAMES
+        from .stock import MEL_PER_TOKEN
+        most = (STOCK_CACHE_FRAMES - MEL_PER_TOKEN) // MEL_PER_TOKEN
+        if prompt_tokens is None:
+            prompt_tokens = range(MIN_PROMPT_TOKENS, min(most, max(self.capacity) // MEL_PER_TOKEN) + 1)
+        values = list(prompt_tokens)
+        if any(isinstance(n, bool) or not isinstance(n, int) or not MIN_PROMPT_TOKENS <= n <= most for n in values):
+            raise CadenceError(f"prepare_capacity: prompt_tokens must be prompt lengths upstream streams (ints in "
+                               f"{MIN_PROMPT_TOKENS}..{most}); got {values!r}")
+        return sorted({MEL_PER_TOKEN * n for n in values})
+
+    def _prepare_at(self, out: dict, cexe, shapes: list) -> None:
+        """One capacity's shapes built (and, with shared captures, captured) into ``out``."""
+        from ...capacity_prepare import capture, prepare
+        cap = int(next(iter(cexe.dims.values())))
+        out[f"{cap} mel frames"] = prepare(cexe, shapes, say=self.progress)
+        if cexe.working() is not None:
+            out.setdefault("captured", {})[f"{cap} mel frames, shared captures"] = capture(cexe, shapes,
+                                                                                         say=self.progress)
+
+    def _prepare_classes(self, out: dict, cap: int, cexe, frames: list, spk: torch.Tensor, shapes) -> None:
+        """The capacities of the branch classes of ``frames`` (prompt lengths whose smallest
+        capacity is ``cap``) that ``cap``'s catalog graphs refuse, each built and prepared as
+        a voice of it would need (``_in_class``'s, found held when the voice comes)."""
+        from ...capacity_class import class_capacity
+        from ...capacity_prepare import catalog_lengths
+        served = catalog_lengths(cexe)
+        if served is None:  # more than one symbolic dim: no lengths to enumerate
+            return
+        (d,) = cexe.dims
+        served = {v[d] for v in served}
+        todo = [f for f in frames if f not in served]
+        where = out.setdefault("classes", {}).setdefault(f"{cap} mel frames", {})
+        while todo:
+            s = todo.pop(0)
+            if self.progress:
+                self.progress(f"prompts of {s} mel frames: capacity {cap}'s graphs refuse them (another branch "
+                              f"class); building their class's capacity")
+            try:
+                c, steps = class_capacity(self.adapter_for(s, spk), self.programs, cap, self.progress)
+                ccexe = self._capacity(c, spk, steps)
+            except Exception as e:  # noqa: BLE001 - reported; such a voice is built for its own length
+                where[f"{s} mel frames"] = f"{type(e).__name__}: {e}"
+                continue
+            if isinstance(ccexe, str):
+                where[f"{s} mel frames"] = f"capacity {c} (its class): {ccexe}"
+                continue
+            mine = {v[d] for v in catalog_lengths(ccexe)}
+            where.update({f"{f} mel frames": f"on {c} mel frames" for f in [s] + todo if f in mine})
+            if s not in mine:
+                where[f"{s} mel frames"] = f"capacity {c} (its class) does not serve it"
+            todo = [f for f in todo if f not in mine]
+            self._prepare_at(out, ccexe, shapes(ccexe))
 
     def capacity_stats(self) -> dict:
         """Per capacity built: its shared off-catalog graphs (``CapacityExecutable.stats``) or
