@@ -27,3 +27,27 @@ SEED=5 bash benchmarks/issue15_call.sh 58ede31 575 --idle
 # its 13- and 30-token windows and 14-, 3- and 12-token flushes each built on the chunk (4.2-12.9 s).
 # The idle-time builds of a voice's own programs did their job elsewhere: 10 built and captured in
 # idle time (conversations 1, 4 and 5's other-class windows and flushes), none left to a chunk.
+#
+# Since: prepare_capacity builds the capacities of the other branch classes too (449d971: prompt_tokens=,
+# default every length upstream streams; traffic --prepare passes its prompt range).
+#
+# Third call (fresh machine, 230.8 s), library at 449d971 (every sha256 in suite-449d971/gpu-files.txt,
+# 42 files, checked against `git show 449d971:<file>`: all equal):
+C=449d971; . benchmarks/device_env.sh $C cadence_fx/capacity_executable.py cadence_fx/capacity_class.py \
+  cadence_fx/capacity_prepare.py cadence_fx/integrations/stepaudio2/dropin.py cadence_fx/tools/traffic.py \
+  cadence_fx/tools/traffic_report.py tests/integrations/test_capacity_executable.py
+OUT=/tmp/r/suite COMMIT=$C WORKERS=10 SUITE_TIMEOUT=280 bash benchmarks/h200_suite.sh
+# suite-449d971/: 68 passed, 3 skipped in 128.1 s; the new CUDA test
+# test_a_prepared_class_voice_replays_exactly_building_and_capturing_nothing took 56.1 s.
+timeout 275 python3 -m cadence_fx traffic --device cuda --rules SRc --n-timesteps 5 --conversations 2 --turns 2 \
+  --seed 5 --prompt-range 138,138 --window-range 10,10 --flush-range 3,3 --capacity 500 --prepare \
+  --shared-captures --idle --json --out /tmp/r/class
+# class-voices/: two voices of seed 5's class length (138 tokens, 276 frames), prepare covering it: capacity
+# 500's graphs, its class's capacity (476 frames) built and both capacities' 13-token window and 3-token
+# flush built and captured, in 69.9 s.  Exact (27 chunks), replayed share 1.0, no fallback; time to first
+# audio 243.9 and 173.3 ms against stock's 257.1 and 258.0 (43,712.8 ms in the seed-5 traffic above,
+# without it); chunk p50/p99 52.78/53.12 ms.  The 3-token flush's graph at 476 serves 7 of its class's
+# 10 lengths, not 276: that voice's own program was built in idle time (ahead.built 1), none on a chunk.
+# Not run: issue 15's full 8-conversation traffic with the class prepared.  Preparing 48 shapes at 500
+# took 290.7 s on this H100; with the class's capacity it would take about twice that, so preparing and
+# the traffic no longer fit one 600-s call.
