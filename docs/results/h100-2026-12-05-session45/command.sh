@@ -51,3 +51,12 @@ timeout 275 python3 -m cadence_fx traffic --device cuda --rules SRc --n-timestep
 # Not run: issue 15's full 8-conversation traffic with the class prepared.  Preparing 48 shapes at 500
 # took 290.7 s on this H100; with the class's capacity it would take about twice that, so preparing and
 # the traffic no longer fit one 600-s call.
+#
+# Fourth call (fresh machine, 509.8 s), library at 64acc8a (code as 449d971; every sha256 in
+# traffic-seed5-classes/gpu.txt checked against `git show 64acc8a:<file>`: all equal), to measure how
+# long preparing takes with the class's capacity:
+SEED=5 bash benchmarks/issue15_call.sh 64acc8a 500 --idle
+# traffic-seed5-classes/log.txt: cut at 500 s (rc 124) while still capturing capacity 500's graphs
+# (26 of 50), before its class's capacity: on this fresh machine capacity 500's own preparing took
+# longer than 500 s, against 290.7 s in the second call (a warm machine) and 425.2 s in session 44's
+# (fresh).  Device time left after it: 61 s.
