@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 from . import registry
 
@@ -72,6 +73,9 @@ def check_flush(spec: registry.ModelSpec, final_tokens: int) -> None:
 
 
 def progress(quiet: bool):
+    """The commands' progress lines on stderr (None with ``quiet``), each with the seconds since
+    this call: what a long run spent where (preparing, a voice's set-up) reads off its log."""
     if quiet:
         return None
-    return lambda msg: print(f"[cadence-fx] {msg}", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    return lambda msg: print(f"[cadence-fx {time.perf_counter() - t0:7.1f} s] {msg}", file=sys.stderr, flush=True)

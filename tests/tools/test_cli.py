@@ -273,3 +273,19 @@ def test_demo_is_reproducible_and_says_what_matched(small, tmp_path, capsys):
         assert "needs a GPU" in err and "same PCM bytes: True" in text
         assert "streaming 2 chunks (~2 s of audio)" in err
     assert hashes[0] == hashes[1]
+
+
+def test_progress_lines_say_the_seconds_since_the_command_began(capsys, monkeypatch):
+    """Each progress line carries the seconds since ``progress`` was made (a long run's log says
+    where its time went); ``quiet`` prints nothing."""
+    import re
+    from cadence_fx.tools import options
+    clock = iter([100.0, 100.5, 163.25])
+    monkeypatch.setattr(options.time, "perf_counter", lambda: next(clock))
+    say = options.progress(False)
+    say("tracing")
+    say("prepared")
+    lines = capsys.readouterr().err.splitlines()
+    assert [re.sub(r" +", " ", line) for line in lines] == ["[cadence-fx 0.5 s] tracing",
+                                                           "[cadence-fx 63.2 s] prepared"], lines
+    assert options.progress(True) is None
