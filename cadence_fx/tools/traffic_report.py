@@ -11,9 +11,11 @@ def _classes(prepare: dict) -> str:
         return ""
     on = sorted({how for _, how in where if how.startswith("on ")})
     left = [f for f, how in where if not how.startswith("on ")]
-    return (f" (the prompt lengths of another branch class, {len(where)}, on their class's capacity, built and "
-            f"prepared there too: {', '.join(h[3:] for h in on) or 'none'}"
-            + (f"; {len(left)} served by none, built for their own length: {', '.join(left)}" if left else "") + ")")
+    n = len(where) - len(left)
+    return (f"; {n} prompt length{'s' * (n != 1)} of another branch class on {'their' if n != 1 else 'its'} "
+            f"class's capacity, built and prepared there too ({', '.join(h[3:] for h in on) or 'none'})"
+            + (f"; {len(left)} served by none, built for their own length when they come: {', '.join(left)}"
+               if left else ""))
 
 
 def markdown(report: dict) -> str:

@@ -275,3 +275,16 @@ def test_the_markdown_tables_keep_their_columns_when_a_route_names_a_shape():
             header, tables = cells(row), tables + 1
         assert cells(row) == header, row
     assert tables == 2 and "entry 2 \\| token" in text
+
+
+def test_the_report_says_where_prepare_put_the_prompt_lengths_of_another_branch_class():
+    """``--prepare``'s ``classes`` in the Markdown: how many lengths run on their class's
+    capacity (which), and the ones none serves; nothing when every length is the capacity's."""
+    from cadence_fx.tools.traffic_report import _classes
+    assert _classes({"classes": {"500 mel frames": {}}}) == "" and _classes({"classes": None}) == ""
+    said = _classes({"classes": {"500 mel frames": {"276 mel frames": "on 476 mel frames",
+                                                    "226 mel frames": "on 476 mel frames",
+                                                    "2 mel frames": "SpecializationRefused: no step"}}})
+    assert said == ("; 2 prompt lengths of another branch class on their class's capacity, built and prepared "
+                    "there too (476 mel frames); 1 served by none, built for their own length when they come: "
+                    "2 mel frames"), said
