@@ -4,7 +4,11 @@
 # is prime, so no window or flush graph is built in a rare branch class of Token2Wav's code, as the
 # 13-token shapes are at 512, docs/serving.md "Choosing a capacity") with every window and flush shape built and
 # captured before the first voice (--prepare --shared-captures), every chunk against its own stock
-# tail.  Progress lines go to traffic/log.txt (what was reached if the call runs out of time).
+# tail.  Progress lines go to traffic/log.txt (what was reached if the call runs out of time), each
+# with its seconds since the start.  Since session 45 --prepare also builds the capacity of the
+# steady chunk's other branch class (476 frames; one prompt length in 25) and its shapes: about
+# twice the preparing (290-425 s for capacity 500 alone on an H100), more than one 600-s call
+# holds beside the traffic until capacity graphs are kept on disk (docs/architecture.md).
 # With --idle: every live session gets idle time after each event (session.idle(): each voice's
 # checks of the shared window and flush graphs at its length made there, ahead of their chunks;
 # timed apart from the chunks, reported as idle_s), as a server has between a voice's chunks.
