@@ -188,11 +188,9 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
         """A stream that capacity ``cap``'s graphs refuse (another branch class of the model's
         code, say): the executable on the capacity of its own class below ``cap``
         (``class_capacity``), or None."""
-        from ...capacity_class import class_capacity
         from ...capacity_executable import at_length
         try:
-            c, steps = class_capacity(adapter, self.programs, cap, self.progress)
-            cexe = self._capacity(c, spk, steps)
+            c, cexe = self._class_capacity(cap, spk, adapter)
             if isinstance(cexe, str):
                 whys.append(f"capacity {c} (its class): {cexe}")
                 return None
@@ -200,6 +198,14 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
         except Exception as e:  # noqa: BLE001 - kept as the reason; the length is built for itself
             whys.append(f"its class below {cap}: {type(e).__name__}: {e}")
             return None
+
+    def _class_capacity(self, cap: int, spk: torch.Tensor, adapter: Token2WavAdapter) -> tuple:
+        """``(c, executable or why none)``: the capacity of ``adapter``'s branch class below
+        ``cap`` (``class_capacity``), built now if none is held (``_capacity``): what a voice of
+        that class runs on (``_in_class``) and what ``prepare_capacity`` builds ahead of it."""
+        from ...capacity_class import class_capacity
+        c, steps = class_capacity(adapter, self.programs, cap, self.progress)
+        return c, self._capacity(c, spk, steps)
 
     def set_capacity(self, capacity: "int | tuple[int, ...] | None", shared_captures: "bool | None" = None) -> None:
         """From now on, a new voice runs on these capacities (see the class doc; ``None``: each
@@ -276,9 +282,8 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
 
     def _prompt_frames(self, prompt_tokens) -> list:
         """``prepare_capacity``'s ``prompt_tokens`` as prompt lengths in mel frames (checked)."""
-        from .inputs import MIN_PROMPT_TOKENS, STOCK_CACHE_FRAMES
+        from .inputs import MAX_PROMPT_TOKENS as most, MIN_PROMPT_TOKENS
         from .stock import MEL_PER_TOKEN
-        most = (STOCK_CACHE_FRAMES - MEL_PER_TOKEN) // MEL_PER_TOKEN
         if prompt_tokens is None:
             prompt_tokens = range(MIN_PROMPT_TOKENS, min(most, max(self.capacity) // MEL_PER_TOKEN) + 1)
         values = list(prompt_tokens)
@@ -300,7 +305,6 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
         """The capacities of the branch classes of ``frames`` (prompt lengths whose smallest
         capacity is ``cap``) that ``cap``'s catalog graphs refuse, each built and prepared as
         a voice of it would need (``_in_class``'s, found held when the voice comes)."""
-        from ...capacity_class import class_capacity
         from ...capacity_prepare import catalog_lengths
         served = catalog_lengths(cexe)
         if served is None:  # more than one symbolic dim: no lengths to enumerate
@@ -315,8 +319,7 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
                 self.progress(f"prompts of {s} mel frames: capacity {cap}'s graphs refuse them (another branch "
                               f"class); building their class's capacity")
             try:
-                c, steps = class_capacity(self.adapter_for(s, spk), self.programs, cap, self.progress)
-                ccexe = self._capacity(c, spk, steps)
+                c, ccexe = self._class_capacity(cap, spk, self.adapter_for(s, spk))
             except Exception as e:  # noqa: BLE001 - reported; such a voice is built for its own length
                 where[f"{s} mel frames"] = f"{type(e).__name__}: {e}"
                 continue

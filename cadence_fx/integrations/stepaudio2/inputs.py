@@ -37,6 +37,8 @@ MIN_CHUNK_TOKENS = LOOKAHEAD_TOKENS + PRE_LOOKAHEAD_CARRY
 #: the shortest first chunk that is not last: enough mel frames for the vocoder's carry
 MIN_FIRST_CHUNK_TOKENS = LOOKAHEAD_TOKENS + -(-MEL_CACHE_LEN // MEL_PER_TOKEN)
 MIN_PROMPT_TOKENS = PRE_LOOKAHEAD_CARRY
+#: the longest prompt upstream streams: its mel frames leave room for the shortest chunk (a 1-token flush)
+MAX_PROMPT_TOKENS = (STOCK_CACHE_FRAMES - MEL_PER_TOKEN) // MEL_PER_TOKEN
 SPK_DIM, MEL_BINS = 192, 80
 SEND_TOKENS = (f"a list of ints in [0, {VOCAB}) or an integer tensor of shape (n,) or (1, n), "
                f"{CHUNK_TOKENS} + {LOOKAHEAD_TOKENS} per chunk")
@@ -112,7 +114,7 @@ def check_prompt(prompt_tokens, prompt_mels, spk, device: torch.device, dtype: t
     if prompt_tokens.dim() != 2 or prompt_tokens.shape[0] != 1 or prompt_tokens.dtype not in (torch.int32, torch.int64):
         raise InputError(f"prompt_tokens must be int32/int64 of shape (1, P); got {prompt_tokens.dtype} {tuple(prompt_tokens.shape)}")
     n = prompt_tokens.shape[1]
-    most = (STOCK_CACHE_FRAMES - MEL_PER_TOKEN) // MEL_PER_TOKEN  # room for the shortest chunk (a 1-token flush)
+    most = MAX_PROMPT_TOKENS
     if not MIN_PROMPT_TOKENS <= n <= most:
         raise InputError(f"prompt_tokens holds {n} tokens; upstream streams from {MIN_PROMPT_TOKENS} to {most} "
                          f"(fewer leave the encoder's conv carry short, more fill its {STOCK_CACHE_FRAMES}-frame "
