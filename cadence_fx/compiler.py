@@ -108,7 +108,7 @@ def region_bindings(plan: Plan, entry: CatalogEntry,
 
 def rewrite_pipeline(bindings: list[RegionBinding], rules: "str | Rules" = "S", device_type: str = "cpu",
                      boundary=None, debug: bool = False, region=CapturedRegion,
-                     let_go: bool = False) -> PassManager:
+                     let_go: bool = False, keep_folds: bool = False) -> PassManager:
     """The passes for ``rules``: S rewrites state into the arena, R partitions and lowers.
 
     ``rules=""`` (no rule) keeps stock-managed state and eager kernels: the traced
@@ -116,9 +116,10 @@ def rewrite_pipeline(bindings: list[RegionBinding], rules: "str | Rules" = "S", 
     capturable piece (rule R).  ``let_go``: the graph partition replaced (the input's,
     rewritten) is unlinked once the pipeline succeeds (``interpret.let_go_module``): a
     build's caller never reads it again, and unlinked it is freed by reference count.
+    ``keep_folds``: ``FoldHostConstants(keep_recipe=True)`` (a graph to be stored on disk).
     """
     rules = _rules(rules)
-    passes = [PruneDead(), FoldHostConstants(), PruneDead()]
+    passes = [PruneDead(), FoldHostConstants(keep_recipe=keep_folds), PruneDead()]
     if rules.stable_state:
         # early_writeback frees the next state's source before the vocoder and proves the
         # hazard check on the graph that runs (so state_rewrite need not run it too: one

@@ -62,10 +62,23 @@ def input_independent(gm: fx.GraphModule) -> list[fx.Node]:
     return list(out)
 
 
+#: gm.meta: ``(recipe, names)``: a graph module of the folded nodes returning each constant
+#: ``names`` holds, in order (``FoldHostConstants(keep_recipe=True)``)
+FOLDS = "cadence_folds"
+
+
 class FoldHostConstants(CadencePass):
-    """requires: nothing (any traced step).  ensures: no host transfer of a constant is left."""
+    """requires: nothing (any traced step).  ensures: no host transfer of a constant is left.
+
+    ``keep_recipe``: the folded nodes are also kept, as a graph module of their own returning
+    each constant (``gm.meta[FOLDS]``): a graph stored on disk keeps that recipe instead of the
+    values, and a process that loads it computes them again from its own model's tensors,
+    by the same ops on the same device (``capacity_build``)."""
 
     name = "fold_host_constants"
+
+    def __init__(self, keep_recipe: bool = False):
+        self.keep_recipe = keep_recipe
 
     def call(self, gm: fx.GraphModule) -> PassResult:
         foldable: dict[fx.Node, object] = {}
@@ -80,7 +93,7 @@ class FoldHostConstants(CadencePass):
             if node.target is not operator.getitem:
                 foldable[node] = env[node]
 
-        folded = 0
+        folded, made = 0, {}
         for node, value in foldable.items():
             if not isinstance(value, torch.Tensor):
                 continue
@@ -95,6 +108,9 @@ class FoldHostConstants(CadencePass):
             for user in outside_users:
                 user.replace_input_with(node, const)
             folded += 1
+            made[name] = node
+        if self.keep_recipe:
+            gm.meta[FOLDS] = _recipe(gm, env, made)
         # what fed only the folded values is dead now (all of it pure: it was evaluable)
         for node in reversed(list(gm.graph.nodes)):
             if node in env and node.op == "call_function" and not node.users:
@@ -109,6 +125,18 @@ class FoldHostConstants(CadencePass):
                 if not _is_param_or_region(gm, src_node):
                     raise PassError(f"fold_host_constants left a host transfer {node.format_node()} of a "
                                     f"{src.device} constant")
+
+
+def _recipe(gm: fx.GraphModule, env: dict, made: dict) -> tuple:
+    """``(recipe, names)``: the evaluated nodes that feed the constants ``made`` (name -> node)
+    copied into a graph of their own, over ``gm``'s constants, returning them in ``names``' order."""
+    graph, copies = fx.Graph(), {}
+    for node in env:  # graph order: each node after what it reads
+        copies[node] = graph.node_copy(node, lambda n: copies[n])
+    names = tuple(made)
+    graph.output(tuple(copies[made[n]] for n in names))
+    graph.eliminate_dead_code()  # (pure, all of it: it was evaluable)
+    return fx.GraphModule(gm, graph), names
 
 
 _TRANSFERS = {torch.ops.aten._to_copy.default, torch.ops.aten.to.device, torch.ops.aten.to.dtype_layout,

@@ -181,9 +181,14 @@ class DiskCache:
 
     def save(self, parts: Mapping[str, Any], step: SymbolicStep, modules: Mapping[str, torch.nn.Module]) -> Path | None:
         """Write ``step`` under ``parts`` (replacing any entry there); ``None`` if it cannot be stored."""
+        return self.save_record(parts, lambda: encode_step(step, modules))
+
+    def save_record(self, parts: Mapping[str, Any], record: Callable[[], Any]) -> Path | None:
+        """Write what ``record()`` returns (plain picklable data) under ``parts``, replacing
+        any entry there; ``None`` if it cannot be stored (said through the progress callback)."""
         path = self.path_for(parts)
         try:
-            payload = pickle.dumps(encode_step(step, modules), protocol=pickle.HIGHEST_PROTOCOL)
+            payload = pickle.dumps(record(), protocol=pickle.HIGHEST_PROTOCOL)
             header = {"format": FORMAT, "parts": json.loads(_canonical(parts)), "payload_bytes": len(payload),
                       "payload_sha256": hashlib.sha256(payload).hexdigest()}
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -214,6 +219,21 @@ class DiskCache:
         device (a table the model moves to its device on first use), run it (the step
         once, for real) and bind again; the entry is rejected if that does not settle it.
         """
+        def decode(record):
+            try:
+                return decode_step(record, modules)
+            except ModuleTensorDiffers as e:
+                if prepare is None:
+                    raise
+                self._say(f"program cache: {self.path_for(parts).name}: {e}; running the step once")
+                prepare()
+                return decode_step(record, modules)
+        return self.fetch_record(parts, decode)
+
+    def fetch_record(self, parts: Mapping[str, Any], decode: Callable[[Any], Any]) -> tuple[Any, str | None]:
+        """``(decode(record), None)`` for the entry stored under ``parts``, ``(None, None)`` on a
+        miss, or ``(None, reason)`` where the file or ``decode`` rejects it (``Rejected``, or any
+        damage: counted, said, and the caller builds again)."""
         path = self.path_for(parts)
         try:
             data = path.read_bytes()
@@ -223,15 +243,7 @@ class DiskCache:
         except OSError as e:
             return None, self._reject(path, f"unreadable: {_line(e)}")
         try:
-            record = self._payload(data, parts)
-            try:
-                step = decode_step(record, modules)
-            except ModuleTensorDiffers as e:
-                if prepare is None:
-                    raise
-                self._say(f"program cache: {path.name}: {e}; running the step once")
-                prepare()
-                step = decode_step(record, modules)
+            value = decode(self._payload(data, parts))
         except Rejected as e:
             return None, self._reject(path, str(e))
         except NeedsForeground:  # ``prepare`` in a background build: not the file's fault
@@ -239,7 +251,7 @@ class DiskCache:
         except Exception as e:  # noqa: BLE001 - any damage is a rejection, never the user's error
             return None, self._reject(path, f"unreadable: {type(e).__name__}: {_line(e)}")
         self.counts["hits"] += 1
-        return step, None
+        return value, None
 
     def _payload(self, data: bytes, parts: Mapping[str, Any]) -> dict:
         if not data.startswith(MAGIC):

@@ -22,10 +22,12 @@ cannot rebuild exactly; ``encode_step`` raises ``Unserializable``.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
 import io
 import operator
-from typing import Any, Mapping
+import weakref
+from typing import Any, Callable, Mapping
 
 import torch
 import torch.fx as fx
@@ -77,24 +79,40 @@ def tensor_paths(modules: Mapping[str, torch.nn.Module]) -> dict[str, torch.Tens
 
 
 # ------------------------------------------------------------------ encode
-def encode_step(step: SymbolicStep, modules: Mapping[str, torch.nn.Module]) -> dict[str, Any]:
-    """``step`` as plain picklable data; parameters/buffers of ``modules`` by path."""
-    by_id: dict[int, str] = {}
-    for path, t in tensor_paths(modules).items():
-        by_id.setdefault(id(t), path)
+def encode_step(step: SymbolicStep, modules: Mapping[str, torch.nn.Module], digest: bool = True) -> dict[str, Any]:
+    """``step`` as plain picklable data; parameters/buffers of ``modules`` by path; ``digest``:
+    with its ``step_digest`` (made now if not yet)."""
+    record = encode_graph(step.gm, modules)
+    gm_meta = step.gm.meta
+    record = {**record, "signature": gm_meta[meta.SIGNATURE], "device": gm_meta[meta.DEVICE],
+              "dims": dict(step.dims), "symbols": dict(step.symbols), "placeholders": tuple(step.placeholders),
+              "guards": tuple(step.guards), "buffer_regions": tuple(step.buffer_regions), "trace_s": step.trace_s,
+              "memo": dict(step.memo)}
+    if digest:
+        hit = _STEP_DIGESTS.get(step.gm)
+        record["digest"] = hit if hit is not None else _STEP_DIGESTS.setdefault(step.gm, _digest(record))
+    return record
+
+
+def encode_graph(gm: fx.GraphModule, modules: Mapping[str, torch.nn.Module], keys: tuple = _META_KEYS,
+                 by_id: "Mapping[int, str] | None" = None, given: tuple = ()) -> dict[str, Any]:
+    """``gm``'s nodes (of their meta, ``keys``; ``"val"``, the recorded value, as sizes,
+    strides, offsets, dtypes and devices) and ``get_attr`` constants (module tensors by path)
+    as plain picklable data.  ``by_id``: ``id(tensor) -> path`` of ``modules``, where the caller
+    has it already; ``given``: constants not stored at all (``decode_graph``'s caller gives them)."""
+    if by_id is None:
+        by_id = {}
+        for path, t in tensor_paths(modules).items():
+            by_id.setdefault(id(t), path)
     attrs, nodes = {}, []
-    for node in step.gm.graph.nodes:
+    for node in gm.graph.nodes:
         if node.op == "call_module":
             raise Unserializable(f"node {node.name} calls a submodule ({node.target})")
         if node.op == "get_attr":
-            attrs[node.target] = _encode_attr(step.gm, node.target, by_id)
+            attrs[node.target] = ("given",) if node.target in given else _encode_attr(gm, node.target, by_id)
         nodes.append((node.op, node.name, _encode_target(node), _encode_arg(node.args), _encode_arg(node.kwargs),
-                      _encode_meta(node)))
-    gm_meta = step.gm.meta
-    return {"nodes": nodes, "attrs": attrs, "signature": gm_meta[meta.SIGNATURE], "device": gm_meta[meta.DEVICE],
-            "dims": dict(step.dims), "symbols": dict(step.symbols), "placeholders": tuple(step.placeholders),
-            "guards": tuple(step.guards), "buffer_regions": tuple(step.buffer_regions), "trace_s": step.trace_s,
-            "memo": dict(step.memo)}
+                      _encode_meta(node, keys)))
+    return {"nodes": nodes, "attrs": attrs}
 
 
 def _encode_attr(gm: fx.GraphModule, target: str, by_id: Mapping[int, str]) -> tuple:
@@ -143,24 +161,121 @@ def _encode_arg(a):
     raise Unserializable(f"an argument of type {type(a).__name__} ({a!r:.60})")
 
 
-def _encode_meta(node: fx.Node) -> dict:
-    out = {k: node.meta[k] for k in _META_KEYS if k in node.meta}
-    if meta.TAG in out:
-        tag = dict(out[meta.TAG])
-        tag["role"] = Role(tag["role"]).value
-        out[meta.TAG] = tag
+def _encode_meta(node: fx.Node, keys: tuple) -> dict:
+    out = {}
+    for k in keys:
+        if k not in node.meta:
+            continue
+        v = node.meta[k]
+        if k == "val":
+            v = _encode_value(v, node)
+        elif k == meta.TAG:
+            v = dict(v)
+            v["role"] = Role(v["role"]).value
+        out[k] = v
     return out
+
+
+def _encode_value(v, node: fx.Node):
+    """A recorded value (``meta["val"]``): a tensor as ``("t", shape, stride, offset, dtype,
+    device)`` (a fake tensor again on load), a sequence item by item, a plain number as is."""
+    if isinstance(v, torch.Tensor):
+        return ("t", tuple(v.shape), tuple(v.stride()), int(v.storage_offset()), str(v.dtype), str(v.device))
+    if isinstance(v, (list, tuple)):
+        return ("seq", type(v) is tuple, [_encode_value(x, node) for x in v])
+    if v is None or type(v) in (bool, int, float):
+        return ("py", v)
+    raise Unserializable(f"node {node.name} recorded a {type(v).__name__} value")
+
+
+_STEP_DIGESTS: "weakref.WeakKeyDictionary[fx.GraphModule, str]" = weakref.WeakKeyDictionary()
+
+
+def step_digest(sym: SymbolicStep, modules) -> str:
+    """SHA-256 of ``sym``'s content as the program cache stores it (nodes, guards, symbols,
+    constants by path or value), without its trace time and memo statistics, in a canonical
+    text (``_canonical``: a pickle of the same step differs between processes).  Made once a
+    step: kept with it in memory, and on disk with its entry (``encode_step``), so a step
+    loaded from disk has it (a capacity graph's key, ``capacity_build``)."""
+    hit = _STEP_DIGESTS.get(sym.gm)
+    if hit is None:
+        hit = _STEP_DIGESTS[sym.gm] = _digest(encode_step(sym, modules, digest=False))
+    return hit
+
+
+def _digest(record: dict) -> str:
+    record = {k: v for k, v in record.items() if k not in ("trace_s", "memo", "digest")}
+    h = hashlib.sha256()
+    _canonical(record, h.update, {})
+    return h.hexdigest()
+
+
+def _canonical(x, write: Callable[[bytes], None], texts: dict) -> None:
+    """``x`` written as text that depends on its value only: a sympy expression as ``srepr``
+    (its pickle carries the assumptions it happened to cache, and its sharing of
+    subexpressions), a dataclass field by field, containers item by item, the rest by ``repr``."""
+    import sympy
+    if isinstance(x, sympy.Basic):
+        key = id(x)
+        if key not in texts:
+            texts[key] = (x, sympy.srepr(x).encode())  # (x held: its id stays its own)
+        write(texts[key][1])
+    elif isinstance(x, dict):
+        write(b"{")
+        for k, v in x.items():
+            _canonical(k, write, texts)
+            write(b":")
+            _canonical(v, write, texts)
+            write(b",")
+        write(b"}")
+    elif isinstance(x, (list, tuple)):
+        write(b"(" if isinstance(x, tuple) else b"[")
+        for v in x:
+            _canonical(v, write, texts)
+            write(b",")
+        write(b")" if isinstance(x, tuple) else b"]")
+    elif dataclasses.is_dataclass(x) and not isinstance(x, type):
+        write(type(x).__qualname__.encode() + b"<")
+        for f in dataclasses.fields(x):
+            _canonical(getattr(x, f.name), write, texts)
+            write(b",")
+        write(b">")
+    elif isinstance(x, bytes):
+        write(b"b" + hashlib.sha256(x).hexdigest().encode())
+    else:
+        write(repr(x).encode())
 
 
 # ------------------------------------------------------------------ decode
 def decode_step(record: Mapping[str, Any], modules: Mapping[str, torch.nn.Module]) -> SymbolicStep:
     """The ``SymbolicStep`` ``record`` holds, its parameters bound to ``modules``' live tensors."""
-    live = tensor_paths(modules)
+    gm = decode_graph(record, modules)  # a symbolic step is only specialized, never run
+    gm.meta[meta.SIGNATURE] = record["signature"]
+    gm.meta[meta.DEVICE] = record["device"]
+    if record.get("digest"):  # (the payload's SHA-256, checked on read, covers it)
+        _STEP_DIGESTS[gm] = record["digest"]
+    return SymbolicStep(gm, dict(record["dims"]), dict(record["symbols"]), tuple(record["placeholders"]),
+                        tuple(record["guards"]), tuple(record["buffer_regions"]), record["trace_s"],
+                        memo=dict(record.get("memo", {})))
+
+
+def decode_graph(record: Mapping[str, Any], modules: Mapping[str, torch.nn.Module],
+                 runnable: bool = False, given: "Mapping[str, torch.Tensor] | None" = None,
+                 live: "Mapping[str, torch.Tensor] | None" = None) -> fx.GraphModule:
+    """The graph ``record`` (``encode_graph``'s) holds, its constants bound to ``modules``' live
+    tensors, each recorded value a fake tensor again (one ``FakeTensorMode`` for the graph).
+    ``runnable``: its Python code generated (else, as a symbolic step needs, none:
+    ``module_without_code``); ``given``: the constants ``encode_graph`` was told not to store;
+    ``live``: ``tensor_paths(modules)``, where the caller has it already."""
+    live, given = tensor_paths(modules) if live is None else live, dict(given or {})
     root = torch.nn.Module()
     for attr, spec in record["attrs"].items():
-        setattr(root, attr, _decode_attr(attr, spec, live))
+        if spec[0] == "given" and attr not in given:
+            raise Rejected(f"constant {attr} is not stored and was not given")
+        setattr(root, attr, given[attr] if spec[0] == "given" else _decode_attr(attr, spec, live))
     graph = fx.Graph()
     env: dict[str, fx.Node] = {}
+    fakes = _Fakes()
     for op, name, target, args, kwargs, node_meta in record["nodes"]:
         node = add_node(graph, op, _decode_target(target, name), _decode_arg(args, env),
                         _decode_arg(kwargs, env), name=name)
@@ -169,14 +284,47 @@ def decode_step(record: Mapping[str, Any], modules: Mapping[str, torch.nn.Module
         node.meta.update(node_meta)
         if meta.TAG in node_meta:
             node.meta[meta.TAG] = {**node_meta[meta.TAG], "role": Role(node_meta[meta.TAG]["role"])}
+        if "val" in node_meta:
+            node.meta["val"] = fakes.value(node_meta["val"])
         env[name] = node
     graph.lint()
-    gm = module_without_code(root, graph)  # a symbolic step is only specialized, never run
-    gm.meta[meta.SIGNATURE] = record["signature"]
-    gm.meta[meta.DEVICE] = record["device"]
-    return SymbolicStep(gm, dict(record["dims"]), dict(record["symbols"]), tuple(record["placeholders"]),
-                        tuple(record["guards"]), tuple(record["buffer_regions"]), record["trace_s"],
-                        memo=dict(record.get("memo", {})))
+    return fx.GraphModule(root, graph) if runnable else module_without_code(root, graph)
+
+
+class _Fakes:
+    """Recorded values made again: fake tensors of one ``FakeTensorMode``, each over a meta
+    tensor of its size, stride and offset (about a fifth of the cost of an ``empty_strided``
+    under the mode), one per distinct layout (what reads them reads sizes, strides, dtypes and
+    devices, never their identity)."""
+
+    def __init__(self):
+        from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+        self.cls, self.mode = FakeTensor, None
+        self._new = FakeTensorMode
+        self._made: dict = {}
+
+    def value(self, v):
+        kind = v[0]
+        if kind == "t":
+            hit = self._made.get(v)
+            if hit is None:
+                hit = self._made[v] = self._tensor(v)
+            return hit
+        if kind == "py":
+            return v[1]
+        if kind == "seq":
+            items = [self.value(x) for x in v[2]]
+            return tuple(items) if v[1] else items
+        raise Rejected(f"a recorded value of unknown kind {kind!r}")
+
+    def _tensor(self, v):
+        _, shape, stride, offset, dtype, device = v
+        if self.mode is None:
+            self.mode = self._new(allow_non_fake_inputs=True)
+        extent = offset + (sum((s - 1) * st for s, st in zip(shape, stride)) + 1 if all(shape) else 0)
+        elem = torch.empty(extent, dtype=getattr(torch, dtype.removeprefix("torch.")),
+                           device="meta").as_strided(shape, stride, offset)
+        return self.cls(self.mode, elem, torch.device(device))
 
 
 def _decode_attr(attr: str, spec: tuple, live: Mapping[str, torch.Tensor]) -> torch.Tensor:
