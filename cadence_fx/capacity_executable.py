@@ -46,11 +46,12 @@ from . import step as meta
 from .errors import CadenceError, NeedsForeground, PassError, RulesError, SpecializationRefused, TraceError
 from .capacity_hazards import hazards_at, walk_plan
 from .foreground import in_background
+from .capacity_build import capacity_graph
 from .compiler import (_variant_builder, build_plan, check_rules, extents_in_slots, lowered_copy, own_bytes,
-                       program_kind, region_bindings, region_buffers, rewrite_pipeline, traced_extents, variant_entry)
-from .passes.capacity import at_dims, attention_probe, capacity_form, check_dims
+                       program_kind, region_bindings, region_buffers, traced_extents, variant_entry)
+from .passes.capacity import at_dims, check_dims
 from .passes.capacity_plan import CapacityPlan
-from .passes.specialize import _value, bind_dims, check_guards
+from .passes.specialize import _value
 from .passes.trace_symbolic import SymbolicStep, SymTensor
 from .programs.entry import symbolic_entry
 from .runtime import collector
@@ -83,6 +84,7 @@ class CapacityExecutable:
     #: (entry, inputs, flags) of a ``VariantKey`` -> its ``SharedGraph``, or why none serves
     shared: collections.OrderedDict = dataclasses.field(default_factory=collections.OrderedDict, repr=False)
     built: int = 0
+    loaded: int = 0  #: graphs (the catalog's and off-catalog shapes') loaded from the disk cache
     evicted: int = 0
     rules: Rules = dataclasses.field(default_factory=lambda: Rules.parse("S"))
     #: entry index -> its rule-S graph (what a stream's hazard check walks; ``graphs``' own
@@ -112,7 +114,8 @@ class CapacityExecutable:
         with self._lock:
             items = list(self.shared.items())
             working = self._working
-        out = {"max_shared": self.max_shared, "built": self.built, "evicted": self.evicted,
+        out = {"max_shared": self.max_shared, "built": self.built, "loaded_from_disk": self.loaded,
+               "evicted": self.evicted,
                "held": {_label(k): {"how": v.how, "build_s": v.build_s, "bytes": v.nbytes}
                         for k, v in items if isinstance(v, SharedGraph)},
                "refused": {_label(k): v for k, v in items if isinstance(v, str)}}
@@ -136,6 +139,7 @@ class SharedGraph:
     #: the inputs (by name) it was built with: valid inputs of its shape, for a stream of another
     #: branch class to build its own program of the shape ahead, in idle time (``work_ahead``)
     inputs: "dict | None" = dataclasses.field(default=None, repr=False)
+    loaded: bool = False  #: loaded from the disk cache (``capacity_build``), not built
 
 
 def at_stream(gm: fx.GraphModule, dims: Mapping[str, int], lengths: list, entry, arena_inputs, nxt,
@@ -191,15 +195,16 @@ def capacity_executable(adapter, steps: "Mapping[int, SymbolicStep] | None" = No
     scratch = Arena(plan.layout, device)
     by_region = region_buffers(adapter.declaration, scratch)
     say = say or (lambda msg: None)
-    graphs, checked = {}, {}
+    graphs, checked, loaded = {}, {}, []
 
-    def use(sym: SymbolicStep, at=None):
-        check_guards(sym, dims)
-        gm, cplan = capacity_form(sym, dims, attention_for(sym, dims, masked_attention, device), buffers=by_region,
-                                  keep_values=True)  # what the passes read of each node
-        check_dims(cplan, sym, dims)  # the capacity itself meets the step's guards
-        return sym, gm, cplan
+    example = list(adapter.example_inputs().values())
     for entry in plan.catalog:
+        def use(sym: SymbolicStep, at=None, entry=entry):  # built, or loaded from the disk cache (capacity_build)
+            gm, cplan, sym, how = capacity_graph(adapter, sym, dims, {}, by_region, masked_attention, device, example,
+                                               lambda g: region_bindings(plan, entry), programs, f"entry {entry.index}",
+                                               say)
+            loaded.append(how == "loaded from disk")
+            return sym, gm, cplan
         if steps is not None:
             sym, gm, cplan = use(steps[entry.index])
         else:
@@ -210,17 +215,13 @@ def capacity_executable(adapter, steps: "Mapping[int, SymbolicStep] | None" = No
                 raise SpecializationRefused(f"no symbolic step of entry {entry.index} serves the capacity {dims}: "
                                             f"{setup.get('reason')}")
             sym, gm, cplan = got
-        gm.meta[meta.EXAMPLE_INPUTS] = (list(adapter.example_inputs().values())
-                                        + [torch.tensor(dims[d], device=device) for d in sym.dims])
-        with at_dims(dims):  # EarlyWriteback's check runs the graph, at the capacity
-            gm, _ = rewrite_pipeline(region_bindings(plan, entry), "S", device.type)(gm)
         checked[entry.index] = gm
         walk_plan(gm)  # every stream's set-up walks it (at_length): plan that walk once, here
         graphs[entry.index] = (lowered_copy(gm, rules, device.type, adapter.step_boundary(),
                                             length_free=shared_captures), cplan, sym)
     return CapacityExecutable(plan, graphs, adapter.signature, dims, device, adapter, programs, by_region,
                               masked_attention, say, max_shared, rules=rules, checked=checked,
-                              shared_captures=shared_captures)
+                              shared_captures=shared_captures, loaded=sum(loaded))
 
 
 def at_length(cexe: CapacityExecutable, adapter, check_hazards: bool = True, off_catalog: str = "specialize",
@@ -500,6 +501,7 @@ def shared_variant(cexe: CapacityExecutable, key: VariantKey, inputs: Mapping[st
         with cexe._lock:
             cexe.shared[shape] = built
             cexe.built += 1
+            cexe.loaded += built.loaded
             while sum(isinstance(v, SharedGraph) for v in cexe.shared.values()) > cexe.max_shared:
                 old = next(k for k, v in cexe.shared.items() if isinstance(v, SharedGraph))
                 del cexe.shared[old]
@@ -527,44 +529,25 @@ def _build_shared(cexe: CapacityExecutable, key: VariantKey, inputs: Mapping[str
     entry = cexe.plan.catalog[key.entry]
     example = {n: copy_strided(inputs[n]) for n in sig.inputs}
     setup: dict = {}
+    at_c = dataclasses.replace(key, extents=())  # the entry's own state at the capacity, the key's inputs
+    label = _label(_shape(key))
 
-    def use(sym: SymbolicStep, at: dict):
+    def use(sym: SymbolicStep, at: dict):  # built, or loaded from the disk cache (capacity_build)
         chunk = {d: v for d, v in at.items() if d not in cexe.dims}  # the chunk's own lengths: bound
-        bound = bind_dims(sym, chunk) if chunk else sym
-        check_guards(bound, cexe.dims)
-        gm, cplan = capacity_form(bound, cexe.dims, attention_for(bound, cexe.dims, cexe.masked_attention, cexe.device),
-                                  buffers=cexe.by_region, keep_values=True)
-        check_dims(cplan, bound, cexe.dims)  # the capacity itself meets this step's guards
-        return gm, cplan, bound
+        return capacity_graph(adapter, sym, cexe.dims, chunk, cexe.by_region, cexe.masked_attention, cexe.device,
+                              [example[n] for n in sig.inputs], lambda g: region_bindings(
+                                  cexe.plan, variant_entry(cexe.plan, at_c), traced_extents(g, cexe.plan)),
+                              cexe.programs, label, cexe.say)
     got = symbolic_entry(adapter, lambda d: build_plan(adapter, d), cexe.plan, entry, cexe.by_region, cexe.programs,
                          setup, cexe.say, use, example, key.flag_values)
     if got is None:
         raise VariantRefused(f"no symbolic step serves it at the capacity {cexe.dims} ({setup.get('reason')})")
-    gm, cplan, bound = got
-    at_c = dataclasses.replace(key, extents=())  # the entry's own state at the capacity, the key's inputs
-    bindings = region_bindings(cexe.plan, variant_entry(cexe.plan, at_c), traced_extents(gm, cexe.plan))
-    gm.meta[meta.EXAMPLE_INPUTS] = [example[n] for n in sig.inputs] + [torch.tensor(cexe.dims[d], device=cexe.device)
-                                                                       for d in bound.dims]
-    with at_dims(cexe.dims):  # EarlyWriteback's check runs the graph, at the capacity
-        gm, _ = rewrite_pipeline(bindings, "S", cexe.device.type)(gm)
-    how = f"{setup.get('how', '?')} (variant {setup.get('variant')}, program {setup.get('program')})"
+    gm, cplan, bound, where = got
+    how = f"{setup.get('how', '?')} (variant {setup.get('variant')}, program {setup.get('program')}, graph {where})"
     run = lowered_copy(gm, cexe.rules, cexe.device.type, adapter.step_boundary(), length_free=cexe.shared_captures)
     walk_plan(gm)  # each stream's check of this graph walks it: plan that walk here, with the build
-    return SharedGraph(run, cplan, bound, own_bytes(gm, adapter), 0.0, how, gm, example)
-
-
-def attention_for(sym: SymbolicStep, dims: Mapping[str, int], masked_attention, device):
-    """``capacity_form``'s ``masked_attention`` for ``sym`` at the capacity ``dims``: as given,
-    or for ``"probe"`` the device's probe (``capacity.attention_probe``) over every length
-    1..capacity of a one-dim step (a step of several dims: exact attention).  On a background
-    build's thread the probe does not run (its attention calls are random ops to the build's
-    fence, which keeps the streams' generators untouched): the graph's attention runs exact."""
-    if masked_attention != "probe":
-        return masked_attention
-    if len(sym.dims) != 1 or in_background():
-        return False
-    (d,) = sym.dims
-    return attention_probe(sym, dims, {d: list(range(1, int(dims[d]) + 1))}, device)
+    return SharedGraph(run, cplan, bound, own_bytes(gm, adapter), 0.0, how, gm, example,
+                       loaded=where == "loaded from disk")
 
 
 def extents_at(sym: SymbolicStep, plan, dims: Mapping[str, int]) -> dict:

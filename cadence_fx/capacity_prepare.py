@@ -53,7 +53,8 @@ def prepare(cexe: CapacityExecutable, shapes, entry: int | None = None,
     each turn-end window and flush length it will see), at catalog entry ``entry``'s state
     (default: the steady one, where a turn's window and flush come).  ``shapes``: ``(inputs,
     flags)`` pairs (``chunk_inputs`` makes the inputs).  Returns ``{label: how}``: ``"held"``
-    (built before), ``"built in S s"``, or why none serves (also remembered, as a stream's
+    (built before), ``"built in S s"``, ``"loaded from disk in S s"`` (the model's program cache
+    held it: ``capacity_build``), or why none serves (also remembered, as a stream's
     first sight of it would be); with one symbolic dim, a graph built or held adds which of
     the lengths up to the capacity it serves (``served``: ``"; serves N of M lengths"``, M
     those the catalog serves), and one that serves fewer than half of them is said through
@@ -86,8 +87,9 @@ def prepare(cexe: CapacityExecutable, shapes, entry: int | None = None,
         while True:
             try:
                 with device_work.held():
-                    shared_variant(cexe, key, inputs)
-                out[label] = f"built in {time.perf_counter() - t0:.1f} s" + _served(cexe, key, lengths, label, say)
+                    got = shared_variant(cexe, key, inputs)
+                out[label] = (f"{'loaded from disk' if got.loaded else 'built'} in {time.perf_counter() - t0:.1f} s"
+                              + _served(cexe, key, lengths, label, say))
             except VariantBusy:  # a stream's build of another shape: wait for it, then this one
                 with cexe._building:
                     pass

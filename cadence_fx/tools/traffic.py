@@ -260,7 +260,8 @@ def _prepare(args, opt, ranges, lookahead: int, say) -> dict:
     if say:
         say(f"prepared {len(hows)} window and flush shapes in {time.perf_counter() - t0:.1f} s")
     return {"s": round(time.perf_counter() - t0, 2), "shapes": len(hows),
-            "served": sum(h.startswith(("held", "built", "the catalog's own")) for h in hows),
+            "served": sum(h.startswith(("held", "built", "loaded from disk", "the catalog's own")) for h in hows),
+            "loaded": sum(h.startswith("loaded from disk") for h in hows),
             "by_capacity": built, "captured": captured, "classes": classes}
 
 

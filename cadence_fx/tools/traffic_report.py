@@ -18,6 +18,12 @@ def _classes(prepare: dict) -> str:
                if left else ""))
 
 
+def _loaded(prepare: dict) -> str:
+    """How many of the prepared shapes' graphs came from the program cache on disk (``capacity_build``)."""
+    n = prepare.get("loaded") or 0
+    return f" ({n} of them loaded from the program cache on disk)" if n else ""
+
+
 def markdown(report: dict) -> str:
     lines = [f"# traffic: {report['conversations']} conversations, {report['chunks']} chunks",
              "", f"`{report['command']}`" if report["command"] else "",
@@ -32,7 +38,8 @@ def markdown(report: dict) -> str:
              f"frames on one set of graphs); specializations built {report['specializations']['built']} "
              f"in {report['specializations']['build_s']} s, captured in {report['specializations']['capture_s']} s"
              + (f"; prepared before the traffic: {report['prepare']['served']}/{report['prepare']['shapes']} window "
-                f"and flush shapes in {report['prepare']['s']} s{_classes(report['prepare'])}"
+                f"and flush shapes in {report['prepare']['s']} s"
+                f"{_loaded(report['prepare'])}{_classes(report['prepare'])}"
                 if report.get("prepare") else ""),
              "", f"background builds: {report['background']} (share of the host while chunks run: "
              f"{report['build_share']}); idle time between chunks: {report['idle']}"

@@ -290,6 +290,61 @@ def test_the_drop_in_runs_new_voices_on_capacity_graphs_exact(t2w_mini, shared):
         assert {cplan.attention for _, cplan, _ in cexe.graphs.values()} == {"probed"}
 
 
+def test_a_new_process_loads_the_capacity_graphs_and_runs_its_own_weights_exactly(shared):
+    """The capacity's graphs on disk (``capacity_build``): a model of other weights (seed 1)
+    with a program store of its own on the same cache directory, as a restarted process
+    has, loads the catalog's graphs and a window's and a flush's that the shared capacity
+    built and stored, building none; a voice on them (warm-up, growth, the trim, steady
+    chunks, the window, the flush) is exact against ITS OWN stock tail on every chunk: the
+    weights are bound by path to the live model, and the folded constants computed again."""
+    import cadence_fx
+    from cadence_fx import capacity_prepare as cp
+    opt, cexe = shared
+    shapes = [(cp.chunk_inputs(cexe.adapter, {"chunk_tokens": 10}), {}),
+              (cp.chunk_inputs(cexe.adapter, {"chunk_tokens": 5}), {"last_chunk": True})]
+    cp.prepare(cexe, shapes)  # built and stored here (or held, stored by an earlier build)
+    tail = mini_tail(n_timesteps=2, seed=1)
+    other = cadence_fx.optimize(tail, cache=opt.programs.disk.directory)
+    spk = s2.synthetic_prompt(40, seed=1)[2]
+    mine = capacity_executable(other.adapter_for(CAPACITY, spk), None, "probe", programs=other.programs)
+    assert mine.loaded == 3, other.programs.disk.counts
+    for i, built in cexe.checked.items():  # the loaded rule-S graph is the built one, and lowers as it does
+        assert _graph_text(mine.checked[i]) == _graph_text(built), i
+        lowered = _lowered_text(built, cexe)
+        assert len(lowered) > 2 and _lowered_text(mine.checked[i], mine) == lowered, i  # (pieces and islands)
+    got = cp.prepare(mine, shapes)
+    assert all(h.startswith("loaded from disk in ") for h in got.values()), got
+    assert mine.stats()["loaded_from_disk"] == 5 and other.programs.disk.counts["writes"] == 0
+    tokens, mels, spk = s2.synthetic_prompt(57, seed=57)
+    adapter = other.adapter_for(114, spk)
+    session = Token2WavSession(open_session(at_length(mine, adapter), adapter, tokens, mels, spk), spk, 114, CPU)
+    tail.set_stream_cache(tokens, mels, spk)
+    chunks = [(_tokens(28, 60 + i), False) for i in range(4)] + [(_tokens(10, 64), False), (_tokens(5, 65), True)]
+    report = compare_streams(tail, session, chunks, CPU, seed=57)
+    assert report["exact"], report["mismatches"]
+    routes = [r["route"] for r in report["per_chunk"]]
+    assert routes == ["graph entry 0", "graph entry 1", "graph entry 2", "graph entry 2",
+                      "graph specialization entry 2 | token (1, 10), spk (1, 192)",
+                      "graph specialization entry 2 | token (1, 5), spk (1, 192) | last_chunk"], routes
+    assert mine.stats()["built"] == 2 and mine.stats()["loaded_from_disk"] == 5  # nothing built on a chunk
+
+
+def _graph_text(gm) -> list:
+    """``gm``'s nodes with what the passes after the rewrite read of their meta (values as layouts)."""
+    from cadence_fx import capacity_build as cb
+    from cadence_fx.programs.serialize import _encode_meta
+    return [str(gm.graph)] + [(n.name, repr(_encode_meta(n, cb._KEYS))) for n in gm.graph.nodes]
+
+
+def _lowered_text(gm, cexe) -> list:
+    """``gm`` lowered for replay as a capacity with shared captures lowers it (on the CPU: the
+    pieces split by their ops alone), printed with every piece."""
+    from cadence_fx.compiler import lowered_copy
+    out = lowered_copy(gm, "SRc", "cpu", cexe.adapter.step_boundary(), length_free=True)
+    return [str(out.graph)] + [str(getattr(m, "piece", m).graph) for _, m in out.named_children()
+                               if hasattr(getattr(m, "piece", m), "graph")]
+
+
 def test_capacity_graphs_partition_into_one_piece_around_their_host_sizes(shared):
     """What rules R capture of each capacity graph (``preview_partition``: the op-level
     verdicts): every capacity op is capturable, and the only eager nodes are the dims' check
@@ -351,12 +406,13 @@ def test_prepare_builds_window_and_flush_graphs_before_any_voice(t2w_mini, share
     everything = opt.prepare_capacity(windows=[9, 28], flushes=[4], prompt_tokens=[38, 43])
     got = everything[f"{CAPACITY} mel frames"]
     assert set(got) == {window, own, flush} and got[own] == "the catalog's own chunk", got
-    assert got[window].startswith("built in ") and got[flush].startswith("built in "), got
+    made = ("built in ", "loaded from disk in ")  # (another test's process may have stored the same graph)
+    assert got[window].startswith(made) and got[flush].startswith(made), got
     assert cexe.stats()["built"] == before + 2
     assert everything["classes"] == {f"{CAPACITY} mel frames": {"76 mel frames": "on 176 mel frames"}}, everything
     theirs = everything["176 mel frames"]  # the class's capacity, its shapes prepared as the capacity's
-    assert theirs[own] == "the catalog's own chunk" and theirs[window].startswith("built in ") and \
-        theirs[flush].startswith("built in "), theirs
+    assert theirs[own] == "the catalog's own chunk" and theirs[window].startswith(made) and \
+        theirs[flush].startswith(made), theirs
     assert opt._prompt_frames(None) == list(range(4, CAPACITY + 1, 2))  # default: every length upstream streams
     for bad in ([1], [500], [2.0], [True]):
         with pytest.raises(cadence_fx.CadenceError, match="prompt_tokens must be"):
@@ -723,7 +779,8 @@ def test_a_prepared_class_voice_replays_exactly_building_and_capturing_nothing(m
         got = opt.prepare_capacity(windows=[9], flushes=[4], prompt_tokens=[38, 111])
         assert got["classes"] == {"256 mel frames": {"76 mel frames": "on 226 mel frames"}}, got["classes"]
         theirs = got["226 mel frames"]
-        assert all(h.startswith(("built in", "the catalog's own")) for h in theirs.values()), theirs
+        assert all(h.startswith(("built in", "loaded from disk in", "the catalog's own")) for h in theirs.values()), \
+            theirs
         captured = got["captured"]["226 mel frames, shared captures"]
         assert len(captured) == 5 and all(h.startswith("captured in") for h in captured.values()), captured
         cls = next(c for k, c in opt._capacities.items() if k[0] == 226)
@@ -742,4 +799,45 @@ def test_a_prepared_class_voice_replays_exactly_building_and_capturing_nothing(m
         assert all(r.startswith("replay") for r in routes), routes
         assert session.session.executable.notes.get("capacity") == {"prompt_frames": 226}
         assert cls.stats()["built"] == built and cls.working().stats()["captures"] == captures
+        session.close()
+
+
+@cuda
+def test_a_restart_loads_and_captures_the_capacity_graphs_and_replays_exactly(tmp_path):
+    """The capacity graphs on disk under SRc with shared captures (the released Token2Wav, 5
+    flow steps, fp32, capacity 256): one model prepares a 9-token window and a 4-token flush
+    (its graphs stored); a model of other weights (seed 1) with a program store of its own on
+    the same directory, as a restarted process has, loads every graph (the catalog's and the
+    shapes': the device's attention probe is in the key, not run again), lowers and captures
+    them on its working arena, and a 111-token voice on them replays every chunk (warm-up,
+    growth, the trim, steady chunks, the window, the flush) exactly against its own stock
+    tail, building nothing."""
+    import cadence_fx
+    from helpers.marks import deterministic_protocol_restored
+    device = torch.device("cuda")
+    with deterministic_protocol_restored():
+        models = []
+        for seed in (0, 1):
+            flow, hift = s2.build_modules(seed)
+            tail = s2.Token2WavTail(flow.cuda(), hift.cuda(), n_timesteps=5)
+            opt = cadence_fx.optimize(tail, rules="SRc", capacity=(256,), off_catalog="specialize",
+                                      shared_captures=True, cache=tmp_path)
+            got = opt.prepare_capacity(windows=[9], flushes=[4], prompt_tokens=[111])
+            models.append((tail, opt, got))
+        first, (tail, opt, got) = models[0][2]["256 mel frames"], models[1]
+        assert all(h.startswith(("built in", "the catalog's own")) for h in first.values()), first
+        assert all(h.startswith(("loaded from disk in", "the catalog's own")) for h in got["256 mel frames"].values()), got
+        (cexe,) = opt._capacities.values()
+        assert cexe.loaded == 3 and cexe.stats()["loaded_from_disk"] == 5 and opt.programs.disk.counts["writes"] == 0
+        captured = got["captured"]["256 mel frames, shared captures"]
+        assert len(captured) == 5 and all(h.startswith("captured in") for h in captured.values()), captured
+        chunks = [(_tokens(28, 40 + i), False) for i in range(4)] + [(_tokens(9, 45), False), (_tokens(4, 46), True)]
+        prompt = s2.synthetic_prompt(111, seed=111, device="cuda")
+        tail.set_stream_cache(*prompt)
+        session = opt.open_session(*prompt)
+        report = compare_streams(tail, session, chunks, device, seed=111)
+        assert report["exact"], report["mismatches"]
+        routes = [c["route"] for c in report["per_chunk"]]
+        assert all(r.startswith("replay") for r in routes), routes
+        assert cexe.stats()["built"] == 2 and cexe.working().stats()["captures"] == 5
         session.close()
