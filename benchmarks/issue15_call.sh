@@ -8,7 +8,10 @@
 # with its seconds since the start.  Since session 45 --prepare also builds the capacity of the
 # steady chunk's other branch class (476 frames; one prompt length in 25) and its shapes: about
 # twice the preparing (290-425 s for capacity 500 alone on an H100), more than one 600-s call
-# holds beside the traffic until capacity graphs are kept on disk (docs/architecture.md).
+# holds beside the traffic.  Since session 46 each capacity graph is kept in the program cache
+# ($PWD/.cfx, which a warm machine keeps between calls) as soon as it is built: a call cut short
+# keeps what it built, and the same command again on the warm machine loads those
+# (docs/architecture.md, capacity graphs on disk), builds the rest, then runs the traffic.
 # With --idle: every live session gets idle time after each event (session.idle(): each voice's
 # checks of the shared window and flush graphs at its length made there, ahead of their chunks;
 # timed apart from the chunks, reported as idle_s), as a server has between a voice's chunks.
@@ -23,7 +26,8 @@ LIMIT=${2:-570}
 IDLE=${3:-}
 [ -z "$IDLE" ] || [ "$IDLE" = --idle ] || { echo "issue15_call.sh: unknown option $IDLE" >&2; exit 2; }
 . benchmarks/device_env.sh $C cadence_fx/capacity_executable.py cadence_fx/capacity_prepare.py \
-  cadence_fx/tools/traffic.py cadence_fx/integrations/stepaudio2/dropin.py cadence_fx/capacity_hazards.py
+  cadence_fx/tools/traffic.py cadence_fx/integrations/stepaudio2/dropin.py cadence_fx/capacity_hazards.py \
+  cadence_fx/capacity_build.py cadence_fx/programs/serialize.py
 mkdir -p /tmp/r/traffic
 ( while sleep 60; do (cd /tmp && tar czf $OUT/r.tgz r); done ) & ticker=$!
 start=$SECONDS

@@ -82,14 +82,16 @@ def _attention_key(masked_attention, free_dims: int) -> "str | None":
 
 def capacity_graph(adapter, sym: SymbolicStep, dims: Mapping[str, int], chunk: Mapping[str, int], by_region: dict,
                    masked_attention, device: torch.device, example: list, bindings: Callable, programs=None,
-                   label: str = "", say: Callable[[str], None] | None = None) -> tuple:
+                   label: str = "", say: Callable[[str], None] | None = None, run: bool = True) -> tuple:
     """``(gm, cplan, bound, how)``: ``sym``'s rule-S capacity graph at ``dims`` with ``chunk``
     (the off-catalog chunk's own lengths) bound, its plan, the bound step, and "built" or
     "loaded from disk".  ``example``: the step's input tensors (the passes' check runs the
     graph on them); ``bindings(gm)``: the regions' bindings of the capacity-form graph (the
     rule-S passes'); ``programs``: the model's ``ProgramStore`` (its ``disk``, where it has one,
     is looked in first and written after a build).  ``SpecializationRefused`` where ``sym``
-    does not serve ``dims`` (never stored)."""
+    does not serve ``dims`` (never stored).  ``run``: whether the graph itself will be called
+    (rules that do not replay); else (a replay lowers a copy of it, interpreters walk it) a
+    loaded graph's Python code is not generated: calling it raises (``module_without_code``)."""
     say = say or (lambda msg: None)
     disk = getattr(programs, "disk", None)
     parts = None
@@ -100,12 +102,12 @@ def capacity_graph(adapter, sym: SymbolicStep, dims: Mapping[str, int], chunk: M
             say(f"capacity graph {label}: not stored on disk ({e})")
     if parts is None:
         return _build(sym, dims, chunk, by_region, masked_attention, device, example, bindings) + ("built",)
-    got = _load(disk, parts, adapter, sym, dims, example, label, say)
+    got = _load(disk, parts, adapter, sym, dims, example, label, say, run)
     if got is not None:
         return got
     with disk.claim(parts, f"capacity graph {label}") as waited:
         if waited:  # another process built it meanwhile
-            got = _load(disk, parts, adapter, sym, dims, example, label, say)
+            got = _load(disk, parts, adapter, sym, dims, example, label, say, run)
             if got is not None:
                 return got
         gm, cplan, bound = _build(sym, dims, chunk, by_region, masked_attention, device, example, bindings, True)
@@ -149,8 +151,8 @@ def _save(disk, parts: dict, gm: fx.GraphModule, cplan: CapacityPlan, bound: Sym
     disk.save_record(parts, record)
 
 
-def _load(disk, parts: dict, adapter, sym: SymbolicStep, dims, example: list, label: str,
-          say) -> "tuple | None":
+def _load(disk, parts: dict, adapter, sym: SymbolicStep, dims, example: list, label: str, say,
+          run: bool) -> "tuple | None":
     t0 = time.perf_counter()
 
     def decode(record) -> tuple:
@@ -162,7 +164,7 @@ def _load(disk, parts: dict, adapter, sym: SymbolicStep, dims, example: list, la
             recipe, names = record["folds"]
             with torch.no_grad():
                 given = dict(zip(names, decode_graph(recipe, modules, runnable=True, live=live)()))
-        gm = decode_graph(record["graph"], modules, runnable=True, given=given, live=live)
+        gm = decode_graph(record["graph"], modules, runnable=run, given=given, live=live)
         gm.meta.update(record["meta"])
         bound = sym if record["step"] is None else decode_step(record["step"], modules)  # (None: no chunk bound)
         return gm, record["plan"], bound

@@ -202,7 +202,7 @@ def capacity_executable(adapter, steps: "Mapping[int, SymbolicStep] | None" = No
         def use(sym: SymbolicStep, at=None, entry=entry):  # built, or loaded from the disk cache (capacity_build)
             gm, cplan, sym, how = capacity_graph(adapter, sym, dims, {}, by_region, masked_attention, device, example,
                                                lambda g: region_bindings(plan, entry), programs, f"entry {entry.index}",
-                                               say)
+                                               say, run=not rules.replays)
             loaded.append(how == "loaded from disk")
             return sym, gm, cplan
         if steps is not None:
@@ -537,7 +537,7 @@ def _build_shared(cexe: CapacityExecutable, key: VariantKey, inputs: Mapping[str
         return capacity_graph(adapter, sym, cexe.dims, chunk, cexe.by_region, cexe.masked_attention, cexe.device,
                               [example[n] for n in sig.inputs], lambda g: region_bindings(
                                   cexe.plan, variant_entry(cexe.plan, at_c), traced_extents(g, cexe.plan)),
-                              cexe.programs, label, cexe.say)
+                              cexe.programs, label, cexe.say, run=not cexe.rules.replays)
     got = symbolic_entry(adapter, lambda d: build_plan(adapter, d), cexe.plan, entry, cexe.by_region, cexe.programs,
                          setup, cexe.say, use, example, key.flag_values)
     if got is None:

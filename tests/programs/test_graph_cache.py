@@ -61,12 +61,12 @@ def symbolic(owner: Owner):
                           {"c": ((1, ("p", 1, 0)), F32)}, {"c": ((1, ("p", 1, 8)), F32, ("buf",))}, CPU)
 
 
-def graph(owner: Owner, disk=None, dims=DIMS, masked=False):
+def graph(owner: Owner, disk=None, dims=DIMS, masked=False, run=True):
     arena = torch.zeros(SLOT)
     programs = types.SimpleNamespace(disk=disk)
     bindings = lambda g: [RegionBinding("c", SLOT, "float32", 1, dims["p"], dims["p"], True)]  # noqa: E731
     return cb.capacity_graph(owner, symbolic(owner), dims, {}, {"c": arena}, masked, CPU, [torch.ones(1, 4)],
-                             bindings, programs, "toy")
+                             bindings, programs, "toy", run=run)
 
 
 def run(gm, p: int = 40) -> torch.Tensor:
@@ -89,6 +89,12 @@ def test_a_graph_stored_by_one_model_is_loaded_by_another_with_its_own_folded_co
     assert torch.equal(run(gm_b), run(own)) and not torch.equal(run(gm_b), run(gm_a))  # b's table, not a's
     assert plan_b == plan_a and set(bound.dims) == {"p"}
     assert gm_b.meta[meta.ARENA_INPUTS] == own.meta[meta.ARENA_INPUTS]
+    # for a replay (run=False) no code is generated: calling it raises, a lowered copy runs as b's own
+    from cadence_fx.compiler import lowered_copy
+    lazy = graph(b, disk, run=False)[0]
+    with pytest.raises(RuntimeError, match="recompile"):
+        run(lazy)
+    assert torch.equal(run(lowered_copy(lazy, "SRc", "cpu")), run(lowered_copy(own, "SRc", "cpu")))
     # no folded value is on disk: the graph names it, the recipe makes it
     (path,) = tmp_path.glob("*.cfx")
     record = pickle.loads(path.read_bytes()[len(MAGIC):].partition(b"\n")[2])
