@@ -168,7 +168,7 @@ def _load(disk, parts: dict, adapter, sym: SymbolicStep, dims, example: list, la
         gm.meta.update(record["meta"])
         bound = sym if record["step"] is None else decode_step(record["step"], modules)  # (None: no chunk bound)
         return gm, record["plan"], bound
-    got, why = disk.fetch_record(parts, decode)
+    got, _ = disk.fetch_record(parts, decode, "building it again")
     if got is None:
         return None
     gm, cplan, bound = got

@@ -27,7 +27,8 @@ model's code), gets a program traced at its exact shapes for that stream alone, 
 ``compile_executable``'s variants do.  Under SR/SRc each graph is lowered for replay too and
 captured per session (``capacity_executable``'s ``rules``), or with ``shared_captures`` lowered
 length-free and captured once, on the capacity's working arena, for every session
-(``runtime.working``); the program cache comes next.
+(``runtime.working``).  Each graph's rule-S form is built or, with the model's program cache
+on disk, loaded (``capacity_build.capacity_graph``: a restarted process builds none).
 """
 
 from __future__ import annotations

@@ -230,10 +230,11 @@ class DiskCache:
                 return decode_step(record, modules)
         return self.fetch_record(parts, decode)
 
-    def fetch_record(self, parts: Mapping[str, Any], decode: Callable[[Any], Any]) -> tuple[Any, str | None]:
+    def fetch_record(self, parts: Mapping[str, Any], decode: Callable[[Any], Any],
+                     again: str = "tracing again") -> tuple[Any, str | None]:
         """``(decode(record), None)`` for the entry stored under ``parts``, ``(None, None)`` on a
         miss, or ``(None, reason)`` where the file or ``decode`` rejects it (``Rejected``, or any
-        damage: counted, said, and the caller builds again)."""
+        damage: counted, and said with ``again``, what the caller does instead)."""
         path = self.path_for(parts)
         try:
             data = path.read_bytes()
@@ -241,15 +242,15 @@ class DiskCache:
             self.counts["misses"] += 1
             return None, None
         except OSError as e:
-            return None, self._reject(path, f"unreadable: {_line(e)}")
+            return None, self._reject(path, f"unreadable: {_line(e)}", again)
         try:
             value = decode(self._payload(data, parts))
         except Rejected as e:
-            return None, self._reject(path, str(e))
+            return None, self._reject(path, str(e), again)
         except NeedsForeground:  # ``prepare`` in a background build: not the file's fault
             raise
         except Exception as e:  # noqa: BLE001 - any damage is a rejection, never the user's error
-            return None, self._reject(path, f"unreadable: {type(e).__name__}: {_line(e)}")
+            return None, self._reject(path, f"unreadable: {type(e).__name__}: {_line(e)}", again)
         self.counts["hits"] += 1
         return value, None
 
@@ -272,10 +273,10 @@ class DiskCache:
                            "written): corrupt or truncated")
         return pickle.loads(payload)
 
-    def _reject(self, path: Path, reason: str) -> str:
+    def _reject(self, path: Path, reason: str, again: str = "tracing again") -> str:
         self.counts["rejected"] += 1
         self.last_rejection = f"{path.name}: {reason}"
-        self._say(f"program cache: rejected {path.name}: {reason}; tracing again")
+        self._say(f"program cache: rejected {path.name}: {reason}; {again}")
         return reason
 
 

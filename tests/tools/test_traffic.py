@@ -288,3 +288,11 @@ def test_the_report_says_where_prepare_put_the_prompt_lengths_of_another_branch_
     assert said == ("; 2 prompt lengths of another branch class on their class's capacity, built and prepared "
                     "there too (476 mel frames); 1 served by none, built for their own length when they come: "
                     "2 mel frames"), said
+
+
+def test_the_report_says_how_many_prepared_graphs_came_from_disk():
+    """``--prepare`` on a program cache that holds some of the capacity graphs (a restarted
+    server): the Markdown says how many were loaded, and says nothing where none was."""
+    from cadence_fx.tools.traffic_report import _loaded
+    assert _loaded({"loaded": 0}) == "" and _loaded({}) == ""
+    assert _loaded({"loaded": 47}) == " (47 of them loaded from the program cache on disk)"
