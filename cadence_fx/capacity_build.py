@@ -50,6 +50,7 @@ from .passes.fold_host_constants import FOLDS
 from .passes.specialize import bind_dims, check_guards
 from .passes.trace_symbolic import SymbolicStep
 from .programs.disk import key_parts
+from .runtime import collector
 from .programs.serialize import (Rejected, Unserializable, decode_graph, decode_step, encode_graph, encode_step,
                                  step_digest, tensor_paths)
 
@@ -92,7 +93,13 @@ def capacity_graph(adapter, sym: SymbolicStep, dims: Mapping[str, int], chunk: M
     does not serve ``dims`` (never stored).  ``run``: whether the graph itself will be called
     (rules that do not replay); else (a replay lowers a copy of it, interpreters walk it) a
     loaded graph's Python code is not generated: calling it raises (``module_without_code``)."""
-    say = say or (lambda msg: None)
+    with collector.held():  # a build or a load makes a few hundred thousand objects and keeps a graph of them
+        return _graph(adapter, sym, dims, chunk, by_region, masked_attention, device, example, bindings, programs,
+                      label, say or (lambda msg: None), run)
+
+
+def _graph(adapter, sym, dims, chunk, by_region, masked_attention, device, example, bindings, programs, label, say,
+           run) -> tuple:
     disk = getattr(programs, "disk", None)
     parts = None
     if disk is not None:
