@@ -1,4 +1,6 @@
-"""``DiskCache``: symbolic steps kept on disk, so a new process specializes instead of tracing.
+"""``DiskCache``: symbolic steps kept on disk, so a new process specializes instead of tracing
+(and, through ``save_record``/``fetch_record``, any record: ``capacity_build``'s capacity
+graphs, in the same files, keyed apart).
 
 An entry is one file, ``<key>.cfx``, where ``key`` is the SHA-256 of a canonical JSON
 of everything the symbolic step depends on except the weights' values

@@ -1,9 +1,12 @@
-"""A ``SymbolicStep`` as plain data (what ``DiskCache`` pickles), and back onto live modules.
+"""A ``SymbolicStep`` (or any graph: ``encode_graph``) as plain data (what ``DiskCache``
+pickles), and back onto live modules.
 
 What is kept of the graph: every node's op, name, target, args and kwargs (node
 references as ``Ref``), and of its meta only ``step.TAG`` (the role as its string),
-``step.SCOPE`` and ``step.SYM``; the graph module's ``step.SIGNATURE`` and
-``step.DEVICE``.  Targets are stored by name, never by pickling the callable:
+``step.SCOPE`` and ``step.SYM`` (``encode_graph``'s ``keys``: a capacity graph's add the
+capacity modes and ``"val"``, each recorded value as its layout, a fake tensor again on
+load); a step's ``step.SIGNATURE`` and ``step.DEVICE``, and its content digest
+(``step_digest``: a canonical text, the key of the capacity graphs made from it).  Targets are stored by name, never by pickling the callable:
 
 - an ``OpOverload`` as ``("op", namespace, op, overload)``, resolved through ``torch.ops``;
 - a Python callable (``operator.getitem``, ``torch._C._set_grad_enabled``, the autocast
