@@ -15,8 +15,11 @@
 # With --idle: every live session gets idle time after each event (session.idle(): each voice's
 # checks of the shared window and flush graphs at its length made there, ahead of their chunks;
 # timed apart from the chunks, reported as idle_s), as a server has between a voice's chunks.
+# PREPARE_WORKERS=N (session 46): first N processes (`traffic --prepare-only --prepare-shard I/N`, rules SRc,
+# no captures) build the shapes in parallel into .cfx, the catalogs' and classes' graphs once (the cache's
+# claims); the traffic then loads every graph (and captures it) instead of building one after another.
 # Run through the device tool with carry [".whl"]:
-#     [SEED=5] bash benchmarks/issue15_call.sh <commit> [seconds, default 570] [--idle]
+#     [SEED=5] [PREPARE_WORKERS=8] bash benchmarks/issue15_call.sh <commit> [seconds, default 570] [--idle]
 # SEED (default 0): the traffic's seed; seed 5 sends three windows and flushes of a voice's other
 # branch class than the capacity's (built and captured in idle time with --idle), seed 0 none.
 # Outputs under /tmp/r, tarred to $OUT/r.tgz at the end (and every 60 s meanwhile).
@@ -27,10 +30,21 @@ IDLE=${3:-}
 [ -z "$IDLE" ] || [ "$IDLE" = --idle ] || { echo "issue15_call.sh: unknown option $IDLE" >&2; exit 2; }
 . benchmarks/device_env.sh $C cadence_fx/capacity_executable.py cadence_fx/capacity_prepare.py \
   cadence_fx/tools/traffic.py cadence_fx/integrations/stepaudio2/dropin.py cadence_fx/capacity_hazards.py \
-  cadence_fx/capacity_build.py cadence_fx/programs/serialize.py
+  cadence_fx/capacity_build.py cadence_fx/programs/serialize.py cadence_fx/tools/traffic_prepare.py
 mkdir -p /tmp/r/traffic
 ( while sleep 60; do (cd /tmp && tar czf $OUT/r.tgz r); done ) & ticker=$!
 start=$SECONDS
+W=${PREPARE_WORKERS:-0}
+if [ "$W" -gt 0 ]; then  # processes sharing .cfx each build a shard of the shapes; the traffic loads them all
+  for i in $(seq 0 $((W - 1))); do
+    timeout $LIMIT python3 -m cadence_fx traffic --device cuda --rules SRc --n-timesteps 5 --conversations 8 \
+      --seed ${SEED:-0} --capacity 500 --prepare --prepare-only --prepare-shard $i/$W --quiet \
+      > /tmp/r/traffic/prepare-$i.json 2> /tmp/r/traffic/prepare-$i.log &
+  done
+  wait
+  echo "prepare workers ($W) done at $((SECONDS-start)) s"
+  LIMIT=$((LIMIT - (SECONDS - start)))
+fi
 timeout $LIMIT python3 -m cadence_fx traffic --device cuda --rules SRc --n-timesteps 5 --conversations 8 \
   --seed ${SEED:-0} --capacity 500 --prepare --shared-captures $IDLE --json --out /tmp/r/traffic \
   > /tmp/r/traffic/stdout.txt 2> /tmp/r/traffic/log.txt

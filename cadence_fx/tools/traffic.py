@@ -52,6 +52,7 @@ from ..runtime import collector
 from ..step import Rules
 from . import registry
 from .options import add_model_args, model_of, progress
+from .traffic_prepare import emit_prepared, parse_shard, prepare_for
 from .traffic_report import chunk_work, gc_counts, markdown, plot, specializations, working_arenas
 
 DEFAULTS = {"prompt": (75, 250), "steady": (2, 12), "window": (8, 27), "flush": (1, 28)}
@@ -101,6 +102,12 @@ def add_args(p) -> None:
     p.add_argument("--prepare", action="store_true",
                    help="--capacity: before the first conversation, build the shared graphs of every window and "
                         "flush length the ranges allow (opt.prepare_capacity; timed apart: report prepare)")
+    p.add_argument("--prepare-only", action="store_true",
+                   help="--prepare, then stop: no conversation (the graphs land in the program cache on disk, for "
+                        "a later run, or a server, to load; prints the prepare report)")
+    p.add_argument("--prepare-shard", type=parse_shard, default=None, metavar="I/N",
+                   help="--prepare-only: only every N-th window and flush length from the I-th (processes that "
+                        "share the program cache each build one shard; the capacities' own graphs are built once)")
     p.add_argument("--shared-captures", action="store_true",
                    help="--capacity, rules SR/SRc: each capacity's graphs captured once for every voice, on a working "
                         "arena its voices' states are copied onto chunk by chunk (optimize(..., shared_captures=True))")
@@ -165,6 +172,10 @@ def run(args) -> int:
         raise SystemExit("--conversations and --turns must be >= 1")
     if args.prepare and args.capacity is None:
         raise SystemExit("--prepare builds the shared graphs of a capacity: give --capacity too")
+    if (args.prepare_only or args.prepare_shard is not None) and not args.prepare:
+        raise SystemExit("--prepare-only and --prepare-shard are --prepare's: give --prepare too")
+    if args.prepare_shard is not None and not args.prepare_only:
+        raise SystemExit("--prepare-shard builds one part of the graphs for a later run to load: give --prepare-only")
     if args.shared_captures and args.capacity is None:
         raise SystemExit("--shared-captures shares a capacity's captures among its voices: give --capacity too")
     if not (args.stagger_s >= 0):  # also NaN
@@ -194,7 +205,10 @@ def run(args) -> int:
             if not hasattr(opt, "set_capacity"):
                 raise SystemExit(f"--capacity: the optimized {spec.name} has no capacity graphs")
             opt.set_capacity(args.capacity, args.shared_captures)
-        prepared = _prepare(args, opt, ranges, chunk.lookahead, say) if args.prepare else None
+        prepared = prepare_for(args, opt, ranges, chunk.lookahead, say) if args.prepare else None
+        if args.prepare_only:
+            emit_prepared(args, prepared)
+            return 0
         if args.background:
             if not hasattr(opt, "set_background"):
                 raise SystemExit(f"--background: the optimized {spec.name} does not build in the background")
@@ -245,24 +259,6 @@ def _drive(args, spec, convos, stock, opt, device, say, chunk, live: dict) -> tu
             if args.idle:  # every other conversation is between two of its chunks now
                 idle.append(_idle(live, device))
     return rows, idle
-
-
-def _prepare(args, opt, ranges, lookahead: int, say) -> dict:
-    """``--prepare``: ``opt.prepare_capacity`` for the ranges' windows (+ lookahead) and flushes, and
-    the capacities of the branch classes of the range's prompt lengths that a capacity refuses."""
-    (w_lo, w_hi), (f_lo, f_hi), (p_lo, p_hi) = ranges["window"], ranges["flush"], ranges["prompt"]
-    t0 = time.perf_counter()
-    built = opt.prepare_capacity(range(w_lo + lookahead, w_hi + lookahead + 1), range(f_lo, f_hi + 1),
-                                 prompt_tokens=range(p_lo, p_hi + 1))
-    captured = built.pop("captured", None)  # --shared-captures: each capacity's captures, apart
-    classes = built.pop("classes", None)  # prompt lengths a capacity refuses: where each runs
-    hows = [h for per in built.values() if isinstance(per, dict) for h in per.values()]
-    if say:
-        say(f"prepared {len(hows)} window and flush shapes in {time.perf_counter() - t0:.1f} s")
-    return {"s": round(time.perf_counter() - t0, 2), "shapes": len(hows),
-            "served": sum(h.startswith(("held", "built", "loaded from disk", "the catalog's own")) for h in hows),
-            "loaded": sum(h.startswith("loaded from disk") for h in hows),
-            "by_capacity": built, "captured": captured, "classes": classes}
 
 
 def _open(spec, args, c: Conversation, stock, opt, device, say) -> dict:

@@ -131,6 +131,32 @@ def test_traffic_on_capacity_graphs_is_exact_and_restores_the_models_setting(sma
     assert report["prepare"]["captured"] is None  # (shared: on a GPU, capacity_r_call.sh --shared-captures)
 
 
+def test_prepare_only_builds_one_shard_of_the_shapes_and_runs_no_conversation(small, capsys, tmp_path):
+    """``--prepare-only --prepare-shard I/N`` (processes sharing the program cache, each building
+    a part before the traffic loads it all): every N-th window and flush length from the I-th,
+    the capacity's own graphs, no conversation; its report printed and written; misuse refused."""
+    args = ["traffic", "--model", SMALL, "--n-timesteps", "2", "--conversations", "2", "--turns", "1",
+            "--prompt-range", "7,8", "--window-range", "8,10", "--flush-range", "3,5", "--capacity", "20", "--prepare"]
+    code = cli.main(args + ["--prepare-only", "--prepare-shard", "1/2", "--quiet", "--out", str(tmp_path)])
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == 0 and report["shard"] == [1, 2] and report["capacity"] == [20], report
+    shapes = set(report["prepare"]["by_capacity"]["20 mel frames"])  # windows 11-13 (lookahead in), flushes 3-5
+    assert shapes == {"entry 2 | token (1, 12), spk (1, 192)", "entry 2 | token (1, 4), spk (1, 192) | last_chunk"}, \
+        shapes
+    assert report["prepare"]["served"] == report["prepare"]["shapes"] == 2, report["prepare"]
+    assert json.loads((tmp_path / "prepare.json").read_text()) == report
+    assert not (tmp_path / "traffic.json").exists()  # no conversation ran
+    assert small.opt.capacity is None  # the kept model's setting restored
+    for extra, why in ((["--prepare-only"], "give --prepare too"), (["--prepare-shard", "0/2"], "give --prepare too")):
+        with pytest.raises(SystemExit, match=why):
+            cli.main(args[:-1] + extra)
+    with pytest.raises(SystemExit, match="give --prepare-only"):
+        cli.main(args + ["--prepare-shard", "0/2"])
+    for bad in ("2/2", "x", "-1/2"):
+        with pytest.raises(SystemExit):
+            cli.main(args + ["--prepare-only", "--prepare-shard", bad])
+
+
 def test_the_warm_up_voices_are_two_adjacent_free_lengths_never_both_of_token2wavs_rare_class():
     """A length whose 2P + 49 frames divide by 25 takes another branch of Token2Wav's code
     (its own symbolic trace): one warm-up voice of it left the common class to trace with
