@@ -59,26 +59,24 @@ def t2w_mini():
     return types.SimpleNamespace(tail=tail, opt=cadence_fx.optimize(tail), steps=2)
 
 
-# Seconds per file in a run of the suite (2 cores, two workers; 2026-12-03, session
-# twenty-six, the mechanics files on ``t2w_mini``; the two files session twenty-seven made
-# lighter at their new weights), heaviest first: pytest-xdist's
-# ``--dist loadfile`` hands files out in order, and by default orders them by their number
-# of tests, which put the few-test, minutes-long files last and left one worker idle while
-# the other finished them.  Only the order depends on these numbers (a stale one costs
-# minutes, never a check); a file not listed runs after them, in collection order.  Session
-# twenty-seven re-sorted them by its own durations (test_token2wav first, then test_ray):
-# three clean-clone runs took 8 min 31 s to 9 min 15 s, against 8 min 14 s twice and 8 min
-# 49 s in this order (test_ray first): within the machine's spread; this order was kept.
+# Seconds per file in a run of the suite (2 cores, two workers; session forty-six's
+# ``--durations=0``, 2026-12-05: setup, call and teardown summed, files of 12 s and more),
+# heaviest first: pytest-xdist's ``--dist loadfile`` hands files out in order, and by
+# default orders them by their number of tests, which put the few-test, minutes-long files
+# last and left one worker idle while the other finished them.  Only the order depends on
+# these numbers (a stale one costs minutes, never a check); a file not listed runs after
+# them, in collection order.  (Session twenty-seven tried its own durations against another
+# order: within the machine's spread.)
 _FILE_SECONDS = {
-    "tests/integrations/test_token2wav.py": 175, "tests/serving/test_ray.py": 177,
-    "tests/integrations/test_prompt_lengths.py": 50, "tests/tools/test_cli.py": 25, "tests/integrations/test_mimi.py": 57,
-    "tests/tools/test_traffic.py": 55, "tests/tools/test_serve_cmd.py": 47, "tests/integrations/test_background.py": 44,
-    "tests/programs/test_disk_cache.py": 40, "tests/integrations/test_shared_steps.py": 55, "tests/runtime/test_misuse.py": 31,
-    "tests/integrations/test_vibevoice.py": 19, "tests/tools/test_bench_mimi.py": 15, "tests/serving/test_multi_session.py": 14,
-    "tests/integrations/test_generic.py": 13, "tests/tools/test_bench.py": 13, "tests/runtime/test_variants.py": 12,
-    # session thirty-eight's, on this machine with one worker: the capacity form's files (thirty-nine: with windows, the
-    # drop-in; forty: another class's flush, prepare, the partition, misuse: 147 s alone in a clean clone)
-    "tests/integrations/test_capacity_executable.py": 147, "tests/integrations/test_working_arena.py": 65, "tests/passes/test_capacity.py": 32,
+    "tests/integrations/test_capacity_executable.py": 242, "tests/integrations/test_token2wav.py": 143,
+    "tests/serving/test_ray.py": 132, "tests/integrations/test_working_arena.py": 95,
+    "tests/tools/test_traffic.py": 65, "tests/programs/test_disk_cache.py": 56,
+    "tests/integrations/test_shared_steps.py": 53, "tests/integrations/test_mimi.py": 43,
+    "tests/tools/test_serve_cmd.py": 37, "tests/integrations/test_background.py": 36,
+    "tests/runtime/test_misuse.py": 34, "tests/passes/test_capacity.py": 30,
+    "tests/integrations/test_prompt_lengths.py": 30, "tests/integrations/test_vibevoice.py": 20,
+    "tests/serving/test_multi_session.py": 19, "tests/tools/test_bench.py": 16, "tests/tools/test_bench_mimi.py": 13,
+    "tests/integrations/test_generic.py": 13, "tests/runtime/test_variants.py": 12, "tests/tools/test_cli.py": 12,
 }
 
 
