@@ -104,7 +104,8 @@ def test_voices_share_one_capture_of_each_graph_on_the_working_arena_exact(t2w_m
                               off_catalog="specialize")
     opt._capacities[(CAPACITY, (1, 192), torch.float32, True)] = cexe  # the capacity's graphs, built above
     got = opt.prepare_capacity(windows=[14], flushes=[], prompt_tokens=())  # (another class's: test_capacity_executable)
-    assert list(got[f"{CAPACITY} mel frames"].values())[0].startswith("built"), got
+    made = list(got[f"{CAPACITY} mel frames"].values())[0]  # prepared here, not held (another file's
+    assert made.startswith(("built", "loaded from disk")), got  # process may have stored the same graph)
     captured = got["captured"][f"{CAPACITY} mel frames, shared captures"]
     assert len(captured) == 4 and all(h.startswith("captured in") for h in captured.values()), captured
     window = [(chunk_inputs(cexe.adapter, {"chunk_tokens": 14}), {})]
