@@ -34,19 +34,19 @@ IDLE=${3:-}
 mkdir -p /tmp/r/traffic
 ( while sleep 60; do (cd /tmp && tar czf $OUT/r.tgz r); done ) & ticker=$!
 start=$SECONDS
+# the traffic's own model and ranges: the shard processes must build under the very keys it loads
+ARGS="--device cuda --rules SRc --n-timesteps 5 --conversations 8 --seed ${SEED:-0} --capacity 500 --prepare"
 W=${PREPARE_WORKERS:-0}
 if [ "$W" -gt 0 ]; then  # processes sharing .cfx each build a shard of the shapes; the traffic loads them all
   for i in $(seq 0 $((W - 1))); do
-    timeout $LIMIT python3 -m cadence_fx traffic --device cuda --rules SRc --n-timesteps 5 --conversations 8 \
-      --seed ${SEED:-0} --capacity 500 --prepare --prepare-only --prepare-shard $i/$W --quiet \
+    timeout $LIMIT python3 -m cadence_fx traffic $ARGS --prepare-only --prepare-shard $i/$W --quiet \
       > /tmp/r/traffic/prepare-$i.json 2> /tmp/r/traffic/prepare-$i.log &
   done
   wait
   echo "prepare workers ($W) done at $((SECONDS-start)) s"
   LIMIT=$((LIMIT - (SECONDS - start)))
 fi
-timeout $LIMIT python3 -m cadence_fx traffic --device cuda --rules SRc --n-timesteps 5 --conversations 8 \
-  --seed ${SEED:-0} --capacity 500 --prepare --shared-captures $IDLE --json --out /tmp/r/traffic \
+timeout $LIMIT python3 -m cadence_fx traffic $ARGS --shared-captures $IDLE --json --out /tmp/r/traffic \
   > /tmp/r/traffic/stdout.txt 2> /tmp/r/traffic/log.txt
 echo "traffic rc=$? at $((SECONDS-start)) s"; tail -1 /tmp/r/traffic/stdout.txt | cut -c1-1500
 tail -5 /tmp/r/traffic/log.txt | cut -c1-300

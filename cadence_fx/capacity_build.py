@@ -67,17 +67,23 @@ def attention_for(sym: SymbolicStep, dims: Mapping[str, int], masked_attention, 
     fence, which keeps the streams' generators untouched): the graph's attention runs exact."""
     if masked_attention != "probe":
         return masked_attention
-    if len(sym.dims) != 1 or in_background():
+    if not _probes(len(sym.dims)):
         return False
     (d,) = sym.dims
     return attention_probe(sym, dims, {d: list(range(1, int(dims[d]) + 1))}, device)
+
+
+def _probes(free_dims: int) -> bool:
+    """Whether ``"probe"`` runs the device's probe for a step of ``free_dims`` symbolic dims here
+    (``attention_for``'s, and the key's, one reading)."""
+    return free_dims == 1 and not in_background()
 
 
 def _attention_key(masked_attention, free_dims: int) -> "str | None":
     """What decides the graph's attention, as the key holds it (None: a caller's own probe,
     not stored)."""
     if masked_attention == "probe":
-        return "exact" if free_dims != 1 or in_background() else "probe"
+        return "probe" if _probes(free_dims) else "exact"
     return repr(masked_attention) if isinstance(masked_attention, bool) else None
 
 

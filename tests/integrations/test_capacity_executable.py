@@ -759,6 +759,22 @@ def test_capacity_graphs_replay_exactly_under_src(rules, shared):
         assert {"entry 2 | token (1, 11), spk (1, 192)", flush} <= set(built["held"]), built
 
 
+def _replayed_voice(tail, opt, prompt_tokens: int, window: int, flush: int):
+    """A voice of ``prompt_tokens`` on ``opt`` (four 28-token chunks, a window and a flush of
+    those lengths) against the stock ``tail`` on the GPU, seeded by its length: exact on every
+    chunk, every chunk replayed.  Returns its session (open)."""
+    chunks = [(_tokens(28, 40 + i), False) for i in range(4)] + [(_tokens(window, 45), False),
+                                                                   (_tokens(flush, 46), True)]
+    prompt = s2.synthetic_prompt(prompt_tokens, seed=prompt_tokens, device="cuda")
+    tail.set_stream_cache(*prompt)
+    session = opt.open_session(*prompt)
+    report = compare_streams(tail, session, chunks, torch.device("cuda"), seed=prompt_tokens)
+    assert report["exact"], report["mismatches"]
+    routes = [c["route"] for c in report["per_chunk"]]
+    assert all(r.startswith("replay") for r in routes), routes
+    return session
+
+
 @cuda
 def test_a_prepared_class_voice_replays_exactly_building_and_capturing_nothing(monkeypatch):
     """``prepare_capacity(..., prompt_tokens=...)`` under SRc with shared captures (the released
@@ -771,7 +787,6 @@ def test_a_prepared_class_voice_replays_exactly_building_and_capturing_nothing(m
     import cadence_fx
     from cadence_fx.programs import entry as programs_entry
     from helpers.marks import deterministic_protocol_restored
-    device = torch.device("cuda")
     with deterministic_protocol_restored():
         flow, hift = s2.build_modules(0)
         tail = s2.Token2WavTail(flow.cuda(), hift.cuda(), n_timesteps=5)
@@ -789,14 +804,7 @@ def test_a_prepared_class_voice_replays_exactly_building_and_capturing_nothing(m
         def no_trace(*args, **kwargs):
             raise AssertionError("a voice of a prepared class traced a program")
         monkeypatch.setattr(programs_entry, "_trace", no_trace)
-        chunks = [(_tokens(28, 40 + i), False) for i in range(4)] + [(_tokens(9, 45), False), (_tokens(4, 46), True)]
-        prompt = s2.synthetic_prompt(38, seed=38, device="cuda")
-        tail.set_stream_cache(*prompt)
-        session = opt.open_session(*prompt)
-        report = compare_streams(tail, session, chunks, device, seed=38)
-        assert report["exact"], report["mismatches"]
-        routes = [c["route"] for c in report["per_chunk"]]
-        assert all(r.startswith("replay") for r in routes), routes
+        session = _replayed_voice(tail, opt, 38, window=9, flush=4)
         assert session.session.executable.notes.get("capacity") == {"prompt_frames": 226}
         assert cls.stats()["built"] == built and cls.working().stats()["captures"] == captures
         session.close()
@@ -814,7 +822,6 @@ def test_a_restart_loads_and_captures_the_capacity_graphs_and_replays_exactly(tm
     tail, building nothing."""
     import cadence_fx
     from helpers.marks import deterministic_protocol_restored
-    device = torch.device("cuda")
     with deterministic_protocol_restored():
         models = []
         for seed in (0, 1):
@@ -831,13 +838,6 @@ def test_a_restart_loads_and_captures_the_capacity_graphs_and_replays_exactly(tm
         assert cexe.loaded == 5 == cexe.stats()["loaded_from_disk"] and opt.programs.disk.counts["writes"] == 0
         captured = got["captured"]["256 mel frames, shared captures"]
         assert len(captured) == 5 and all(h.startswith("captured in") for h in captured.values()), captured
-        chunks = [(_tokens(28, 40 + i), False) for i in range(4)] + [(_tokens(9, 45), False), (_tokens(4, 46), True)]
-        prompt = s2.synthetic_prompt(111, seed=111, device="cuda")
-        tail.set_stream_cache(*prompt)
-        session = opt.open_session(*prompt)
-        report = compare_streams(tail, session, chunks, device, seed=111)
-        assert report["exact"], report["mismatches"]
-        routes = [c["route"] for c in report["per_chunk"]]
-        assert all(r.startswith("replay") for r in routes), routes
+        session = _replayed_voice(tail, opt, 111, window=9, flush=4)
         assert cexe.stats()["built"] == 2 and cexe.working().stats()["captures"] == 5
         session.close()
