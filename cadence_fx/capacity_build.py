@@ -114,7 +114,7 @@ def _graph(adapter, sym, dims, chunk, by_region, masked_attention, device, examp
         except Unserializable as e:
             say(f"capacity graph {label}: not stored on disk ({e})")
     if parts is None:
-        return _build(sym, dims, chunk, by_region, masked_attention, device, example, bindings) + ("built",)
+        return _build(sym, dims, chunk, by_region, masked_attention, device, example, bindings, run) + ("built",)
     got = _load(disk, parts, adapter, sym, dims, example, label, say, run)
     if got is not None:
         return got
@@ -123,20 +123,24 @@ def _graph(adapter, sym, dims, chunk, by_region, masked_attention, device, examp
             got = _load(disk, parts, adapter, sym, dims, example, label, say, run)
             if got is not None:
                 return got
-        gm, cplan, bound = _build(sym, dims, chunk, by_region, masked_attention, device, example, bindings, True)
+        gm, cplan, bound = _build(sym, dims, chunk, by_region, masked_attention, device, example, bindings, run, True)
         _save(disk, parts, gm, cplan, bound, sym, adapter, by_region)
     return gm, cplan, bound, "built"
 
 
-def _build(sym, dims, chunk, by_region, masked_attention, device, example, bindings, keep_folds=False) -> tuple:
+def _build(sym, dims, chunk, by_region, masked_attention, device, example, bindings, run,
+           keep_folds=False) -> tuple:
+    # The graph's Python code is generated once, by the passes, and only where it will run
+    # (``run``: a replay's graph is lowered from a copy, and interpreters walk it): ~0.5 s a
+    # generation for a released model's capacity graph on a CPU
     bound = bind_dims(sym, chunk) if chunk else sym
     check_guards(bound, dims)
     gm, cplan = capacity_form(bound, dims, attention_for(bound, dims, masked_attention, device), buffers=by_region,
-                              keep_values=True)  # what the passes read of each node
+                              keep_values=True, code=False)  # keep_values: what the passes read of each node
     check_dims(cplan, bound, dims)  # the capacity itself meets the step's guards
     _example(gm, example, bound, dims, device)
     with at_dims(dims):  # EarlyWriteback's check runs the graph, at the capacity
-        gm, _ = rewrite_pipeline(bindings(gm), "S", device.type, keep_folds=keep_folds)(gm)
+        gm, _ = rewrite_pipeline(bindings(gm), "S", device.type, keep_folds=keep_folds, code=run)(gm)
     return gm, cplan, bound
 
 

@@ -108,7 +108,7 @@ def region_bindings(plan: Plan, entry: CatalogEntry,
 
 def rewrite_pipeline(bindings: list[RegionBinding], rules: "str | Rules" = "S", device_type: str = "cpu",
                      boundary=None, debug: bool = False, region=CapturedRegion,
-                     let_go: bool = False, keep_folds: bool = False) -> PassManager:
+                     let_go: bool = False, keep_folds: bool = False, code: bool = True) -> PassManager:
     """The passes for ``rules``: S rewrites state into the arena, R partitions and lowers.
 
     ``rules=""`` (no rule) keeps stock-managed state and eager kernels: the traced
@@ -116,8 +116,8 @@ def rewrite_pipeline(bindings: list[RegionBinding], rules: "str | Rules" = "S", 
     capturable piece (rule R).  ``let_go``: the graph partition replaced (the input's,
     rewritten) is unlinked once the pipeline succeeds (``interpret.let_go_module``): a
     build's caller never reads it again, and unlinked it is freed by reference count.
-    ``keep_folds``: ``FoldHostConstants(keep_recipe=True)`` (a graph to be stored on disk).
-    """
+    ``keep_folds``: ``FoldHostConstants(keep_recipe=True)`` (a graph to be stored on disk);
+    ``code=False``: the result's Python code is not generated (``PassManager.code``)."""
     rules = _rules(rules)
     passes = [PruneDead(), FoldHostConstants(keep_recipe=keep_folds), PruneDead()]
     if rules.stable_state:
@@ -134,7 +134,7 @@ def rewrite_pipeline(bindings: list[RegionBinding], rules: "str | Rules" = "S", 
                                     this_before_that(IstftWithoutHostRead, Partition),
                                     this_before_that(Partition, LowerCudaGraph)],
                        checks=[lambda gm: gm.graph.lint()], debug=debug,
-                       let_go=interpret.let_go_module if let_go and not KEEP_GRAPHS else None)
+                       let_go=interpret.let_go_module if let_go and not KEEP_GRAPHS else None, code=code)
 
 
 def _replay_passes(rules: Rules, device_type: str, boundary, region, length_free: bool = False) -> list:

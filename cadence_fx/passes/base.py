@@ -12,8 +12,9 @@ length), and, on failure, says which passes ran before.  A pass called alone lin
 Generated code: ``gm.recompile()`` turns the graph into Python source (about a second
 at a released model's size).  A pass called alone regenerates it before its
 ``ensures``; ``PassManager`` regenerates it once, after the last pass, unless a pass
-declares ``ensures_runs_code`` (its check calls the module itself) or debug is on.
-Passes read the graph, never ``gm.code``; an ``fx.Interpreter`` also runs the graph,
+declares ``ensures_runs_code`` (its check calls the module itself) or debug is on; a
+manager built with ``code=False`` never does (its result is only read, lowered from a
+copy or interpreted: calling it raises, ``without_code``).  Passes read the graph, never ``gm.code``; an ``fx.Interpreter`` also runs the graph,
 so the hazard checks need no fresh code.
 """
 
@@ -134,14 +135,16 @@ class PassManager:
 
     The module's code is regenerated once, after the last pass (after every pass in
     debug mode, or with ``recompile_every_pass``: how it was done before, kept to
-    measure and to compare against).
+    measure and to compare against); with ``code=False`` never after the last pass: the
+    result's ``forward`` raises (``without_code``).
     """
 
     recompile_every_pass: bool = False
 
     def __init__(self, passes: Sequence[CadencePass], constraints=(), checks=(), debug: bool = False,
-                 let_go: "Callable[[fx.GraphModule], None] | None" = None):
+                 let_go: "Callable[[fx.GraphModule], None] | None" = None, code: bool = True):
         self.passes = list(passes)
+        self.code = code
         self.constraints = list(constraints)
         self.checks = list(checks)
         self.debug = debug
@@ -179,11 +182,26 @@ class PassManager:
             except Exception as e:
                 raise PassError(f"the graph after {[type(q).__name__ for q in self.passes]} is malformed: {e}") from e
             make_way()
-            gm.recompile()
+            gm.recompile() if self.code else without_code(gm)
+        elif not self.code:
+            without_code(gm)
         if self.let_go is not None:
             for old in replaced:
                 self.let_go(old)
         return gm, results
+
+
+def without_code(gm: fx.GraphModule) -> fx.GraphModule:
+    """Mark ``gm``'s Python code as not generated: its ``forward`` (code of an earlier graph,
+    or none) raises until ``recompile()``, which replaces it.  For a module only read,
+    rewritten or interpreted (``fx.Interpreter`` walks the graph, not the code)."""
+    type(gm).forward = _not_generated  # its own class (fx makes one per GraphModule)
+    return gm
+
+
+def _not_generated(self, *args, **kwargs):
+    raise RuntimeError("this GraphModule's code was not generated (passes.base.without_code): "
+                       "call recompile() before running it")
 
 
 # ----------------------------------------------------------------- op classification

@@ -58,7 +58,7 @@ aten = torch.ops.aten
 
 def capacity_form(sym: SymbolicStep, capacity: Mapping[str, int], masked_attention=False,
                   buffers: "Mapping[str, torch.Tensor] | None" = None,
-                  keep_values: bool = False) -> tuple[fx.GraphModule, CapacityPlan]:
+                  keep_values: bool = False, code: bool = True) -> tuple[fx.GraphModule, CapacityPlan]:
     """``sym`` rewritten to run at every value of its dims up to ``capacity`` (see the
     module doc), and its plan.  The graph takes ``sym``'s inputs, then one more input per
     dim, ``len_<d>`` (its value, a device int64 scalar; placeholder ``in_len_<d>``), then
@@ -69,12 +69,14 @@ def capacity_form(sym: SymbolicStep, capacity: Mapping[str, int], masked_attenti
     capacity) its ``buf_<region>`` placeholder becomes, a ``get_attr`` as ``specialize``
     makes it (None: they stay placeholders, last).  ``masked_attention``: see
     ``plan_capacity`` (``attention_probe`` makes a probe that asks the device).
-    ``keep_values``: see ``check_shapes``."""
+    ``keep_values``: see ``check_shapes``.  ``code=False``: the graph's Python code is not
+    generated (``module_without_code``: calling it raises) for a caller that only rewrites it
+    (``capacity_build``: the rule-S passes generate the code of what they return)."""
     clash = [f"len_{d}" for d in sym.dims if f"len_{d}" in meta.signature(sym.gm).inputs]
     if clash:
         raise CapacityRefused(f"the step has an input named {clash[0]}, the name of its dim's device length")
     plan, walk = _plan(sym, capacity, masked_attention)
-    gm = _Emit(sym, walk, plan, buffers).module()
+    gm = _Emit(sym, walk, plan, buffers).module(code)
     check_shapes(gm, sym, plan, keep_values)
     return gm, plan
 
@@ -124,7 +126,7 @@ def check_shapes(gm: fx.GraphModule, sym: SymbolicStep, plan: CapacityPlan, keep
 
 def check_shapes_at(gm: fx.GraphModule, sym: SymbolicStep, plan: CapacityPlan, dims, keep_values: bool = False) -> None:
     """``check_shapes`` at ``dims``; ``keep_values``: each node's fake value stays in ``meta["val"]``."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
     at_cap, here = _binding(sym, plan.capacity), _binding(sym, dims)
     device = meta.traced_device(sym.gm)
@@ -138,14 +140,14 @@ def check_shapes_at(gm: fx.GraphModule, sym: SymbolicStep, plan: CapacityPlan, d
 
     def recorded(v):  # a static node's value, as the trace recorded it (no symbol in it)
         if isinstance(v, SymTensor):
-            return torch.empty_strided(v.shape, v.stride, dtype=v.dtype, device=v.device)
+            return _fake_empty(mode, v.shape, v.stride, v.dtype, v.device)
         return type(v)(recorded(x) for x in v) if isinstance(v, (list, tuple)) else v
 
     class Prop(FakeTensorProp):
         def run_node(self, n):  # static nodes are not run: what the trace recorded is their value
             if n.meta.get(_MODE) != "static":
                 return super().run_node(n)
-            with mode:
+            with unset_fake_temporarily():  # (the prop runs inside the mode: see _fake_empty)
                 n.meta["val"] = value = recorded(want[n.meta[_OF]])
             return value
     with at_dims(dims):
@@ -171,6 +173,16 @@ def check_shapes_at(gm: fx.GraphModule, sym: SymbolicStep, plan: CapacityPlan, d
     if not keep_values:
         for node in gm.graph.nodes:
             node.meta.pop("val", None)  # sizes of one run, not of the graph
+
+
+def _fake_empty(mode, shape, stride, dtype, device):
+    """``torch.empty_strided`` under the fake ``mode``: a fake tensor of that layout, made as the
+    mode makes one (``FakeTensor(mode, meta tensor, device)``) without dispatching the op through
+    it (its cache's hashing of the arguments: ~100 us a tensor against ~17, and a released
+    model's capacity graph has ~3,600 static nodes checked twice).  Called outside the mode
+    (inside it, the meta tensor would be made fake too)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    return FakeTensor(mode, torch.empty_strided(shape, stride, dtype=dtype, device="meta"), torch.device(device))
 
 
 class _Emit:
@@ -226,13 +238,14 @@ class _Emit:
                                                      self.names, tuple(str(g) for g in self.sym.guards),
                                                      self.plan.extents, list(self.dev)))
 
-    def module(self) -> fx.GraphModule:
+    def module(self, code: bool = True) -> fx.GraphModule:
         gm = module_without_code(self.sym.gm, self.g, self.attrs)
         sig = meta.signature(self.sym.gm)
         gm.meta[meta.SIGNATURE] = dataclasses.replace(sig, inputs=sig.inputs + tuple(f"len_{d}" for d in self.dims))
         gm.meta[meta.DEVICE] = meta.traced_device(self.sym.gm)
         self.g.lint()
-        gm.recompile()
+        if code:
+            gm.recompile()
         return gm
 
     # sizes

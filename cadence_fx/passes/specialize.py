@@ -32,7 +32,7 @@ import torch.fx as fx
 from ..errors import SpecializationRefused
 from .. import step as meta
 from ..step import Role
-from .base import CALL_SUMMARY, copy_node, whole_slice
+from .base import CALL_SUMMARY, copy_node, whole_slice, without_code
 from .step_share import SHARED, share_calls
 from .trace_symbolic import SymbolicStep, SymTensor
 
@@ -252,13 +252,7 @@ def module_without_code(root: torch.nn.Module, graph: fx.Graph,
             _copy_attr(root, gm, node.target)
     gm._graph = graph  # the property setter would generate code
     graph.owning_module = gm
-    type(gm).forward = _not_generated  # its own class (one per GraphModule); recompile() replaces it
-    return gm
-
-
-def _not_generated(self, *args, **kwargs):
-    raise RuntimeError("this GraphModule's code was not generated (passes.specialize.module_without_code): "
-                       "call recompile() before running it")
+    return without_code(gm)
 
 
 def _record_values(gm: fx.GraphModule, binding: Mapping, sym: SymbolicStep) -> None:

@@ -349,6 +349,10 @@ def test_reviewed_steps_run_exact(case):
     for s in lengths:
         for fill in FILLS + (-1.0,):
             assert_exact(sym, gm, plan, "p", s, fill, seed=s)
+    bare, _ = cap.capacity_form(sym, {"p": capacity}, code=False)  # for a caller that only rewrites it
+    assert str(bare.graph) == str(gm.graph)
+    with pytest.raises(RuntimeError, match="code was not generated"):
+        bare(*[torch.zeros(()) for n in bare.graph.nodes if n.op == "placeholder"])
 
 
 @pytest.mark.parametrize("case", sorted(REFUSED_CASES))

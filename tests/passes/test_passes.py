@@ -784,6 +784,25 @@ class TestPassManager(TestCase):
         with self.assertRaises(RuntimeError):  # called alone, a pass lints its own result
             Scramble()(trace(lambda x: x * 2, torch.randn(2)))
 
+    def test_without_code_the_result_runs_only_once_recompiled_and_interprets_as_with_code(self):
+        """``PassManager(code=False)``: the graph the passes make, no Python code generated for it
+        (calling it raises, never runs an earlier graph's code), in debug mode too; an
+        interpreter runs it, and recompiled it computes what ``code=True``'s result does."""
+        def f(x):
+            return x * torch.arange(2, dtype=torch.float32).exp() + 1
+
+        x = torch.randn(2)
+        passes = lambda: [PruneDead(), FoldHostConstants(), PruneDead()]  # noqa: E731
+        with_code, _ = PassManager(passes())(trace(f, x))
+        for debug in (False, True):
+            gm, _ = PassManager(passes(), debug=debug, code=False)(trace(f, x))
+            self.assertEqual(str(gm.graph), str(with_code.graph))
+            with self.assertRaisesRegex(RuntimeError, "code was not generated"):
+                gm(x)
+            self.assertTrue(torch.equal(fx.Interpreter(gm).run(x), with_code(x)))
+            gm.recompile()
+            self.assertTrue(torch.equal(gm(x), with_code(x)))
+
     def test_checks_run_between_passes_in_debug_mode(self):
         def no_folded_constants(gm):
             if any(n.op == "get_attr" and n.target.startswith("_folded") for n in gm.graph.nodes):
