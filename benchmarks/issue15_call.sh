@@ -18,6 +18,8 @@
 # PREPARE_WORKERS=N (session 46): first N processes (`traffic --prepare-only --prepare-shard I/N`, rules SRc,
 # no captures) build the shapes in parallel into .cfx, the catalogs' and classes' graphs once (the cache's
 # claims); the traffic then loads every graph (and captures it) instead of building one after another.
+# WAIT_FOR=FILE (session 47): the traffic starts once FILE exists, so a job started beside the
+# preparing (the GPU suite, writing FILE when it ends) never runs beside the timed traffic.
 # Run through the device tool with carry [".whl"]:
 #     [SEED=5] [PREPARE_WORKERS=8] bash benchmarks/issue15_call.sh <commit> [seconds, default 570] [--idle]
 # SEED (default 0): the traffic's seed; seed 5 sends three windows and flushes of a voice's other
@@ -44,8 +46,12 @@ if [ "$W" -gt 0 ]; then  # processes sharing .cfx each build a shard of the shap
   done
   wait
   echo "prepare workers ($W) done at $((SECONDS-start)) s"
-  LIMIT=$((LIMIT - (SECONDS - start)))
 fi
+if [ -n "${WAIT_FOR:-}" ]; then  # a job beside the preparing (the GPU suite) ends before the timed traffic
+  while [ ! -e "$WAIT_FOR" ] && [ $((SECONDS - start)) -lt $LIMIT ]; do sleep 2; done
+  echo "waited for $WAIT_FOR until $((SECONDS-start)) s"
+fi
+LIMIT=$((LIMIT - (SECONDS - start)))
 timeout $LIMIT python3 -m cadence_fx traffic $ARGS --shared-captures $IDLE --json --out /tmp/r/traffic \
   > /tmp/r/traffic/stdout.txt 2> /tmp/r/traffic/log.txt
 echo "traffic rc=$? at $((SECONDS-start)) s"; tail -1 /tmp/r/traffic/stdout.txt | cut -c1-1500
