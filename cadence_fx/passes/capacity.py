@@ -43,7 +43,7 @@ import torch.fx as fx
 
 from .. import step as meta
 from ..step import Role
-from .base import returns_written, written_args
+from .base import fake_tensor, returns_written, written_args
 from .capacity_ops import (DEVICE_SIZE, FAITHFUL, MASKED_ATTENTION, MASKED_COPY, OFFSET_CAT, TO_CAPACITY, at_dims,
                            host_size, probe_masked_attention, within)
 from .capacity_plan import (_ASSERTS, _MODE, _OF, CAPACITY, DEVICE, EXACT, CapacityPlan, CapacityRefused, _binding,
@@ -140,14 +140,14 @@ def check_shapes_at(gm: fx.GraphModule, sym: SymbolicStep, plan: CapacityPlan, d
 
     def recorded(v):  # a static node's value, as the trace recorded it (no symbol in it)
         if isinstance(v, SymTensor):
-            return _fake_empty(mode, v.shape, v.stride, v.dtype, v.device)
+            return fake_tensor(mode, v.shape, v.stride, v.dtype, v.device)
         return type(v)(recorded(x) for x in v) if isinstance(v, (list, tuple)) else v
 
     class Prop(FakeTensorProp):
         def run_node(self, n):  # static nodes are not run: what the trace recorded is their value
             if n.meta.get(_MODE) != "static":
                 return super().run_node(n)
-            with unset_fake_temporarily():  # (the prop runs inside the mode: see _fake_empty)
+            with unset_fake_temporarily():  # (the prop runs inside the mode: see fake_tensor)
                 n.meta["val"] = value = recorded(want[n.meta[_OF]])
             return value
     with at_dims(dims):
@@ -173,16 +173,6 @@ def check_shapes_at(gm: fx.GraphModule, sym: SymbolicStep, plan: CapacityPlan, d
     if not keep_values:
         for node in gm.graph.nodes:
             node.meta.pop("val", None)  # sizes of one run, not of the graph
-
-
-def _fake_empty(mode, shape, stride, dtype, device):
-    """``torch.empty_strided`` under the fake ``mode``: a fake tensor of that layout, made as the
-    mode makes one (``FakeTensor(mode, meta tensor, device)``) without dispatching the op through
-    it (its cache's hashing of the arguments: ~100 us a tensor against ~17, and a released
-    model's capacity graph has ~3,600 static nodes checked twice).  Called outside the mode
-    (inside it, the meta tensor would be made fake too)."""
-    from torch._subclasses.fake_tensor import FakeTensor
-    return FakeTensor(mode, torch.empty_strided(shape, stride, dtype=dtype, device="meta"), torch.device(device))
 
 
 class _Emit:

@@ -37,7 +37,7 @@ import torch.fx as fx
 
 from ..errors import CadenceError
 from .. import step as meta
-from ..passes.base import add_node
+from ..passes.base import add_node, fake_tensor
 from ..passes.specialize import module_without_code
 from ..passes.trace_symbolic import SymbolicStep
 from ..step import Role
@@ -296,13 +296,12 @@ def decode_graph(record: Mapping[str, Any], modules: Mapping[str, torch.nn.Modul
 
 class _Fakes:
     """Recorded values made again: fake tensors of one ``FakeTensorMode``, each over a meta
-    tensor of its size, stride and offset (about a fifth of the cost of an ``empty_strided``
-    under the mode), one per distinct layout (what reads them reads sizes, strides, dtypes and
-    devices, never their identity)."""
+    tensor of its size, stride and offset (``passes.base.fake_tensor``), one per distinct
+    layout (what reads them reads sizes, strides, dtypes and devices, never their identity)."""
 
     def __init__(self):
-        from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-        self.cls, self.mode = FakeTensor, None
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        self.mode = None
         self._new = FakeTensorMode
         self._made: dict = {}
 
@@ -324,10 +323,7 @@ class _Fakes:
         _, shape, stride, offset, dtype, device = v
         if self.mode is None:
             self.mode = self._new(allow_non_fake_inputs=True)
-        extent = offset + (sum((s - 1) * st for s, st in zip(shape, stride)) + 1 if all(shape) else 0)
-        elem = torch.empty(extent, dtype=getattr(torch, dtype.removeprefix("torch.")),
-                           device="meta").as_strided(shape, stride, offset)
-        return self.cls(self.mode, elem, torch.device(device))
+        return fake_tensor(self.mode, shape, stride, getattr(torch, dtype.removeprefix("torch.")), device, offset)
 
 
 def _decode_attr(attr: str, spec: tuple, live: Mapping[str, torch.Tensor]) -> torch.Tensor:
