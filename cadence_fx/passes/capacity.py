@@ -48,7 +48,7 @@ from .capacity_ops import (DEVICE_SIZE, FAITHFUL, MASKED_ATTENTION, MASKED_COPY,
                            host_size, probe_masked_attention, within)
 from .capacity_plan import (_ASSERTS, _MODE, _OF, CAPACITY, DEVICE, EXACT, CapacityPlan, CapacityRefused, _binding,
                             _name, _padded, _plan, _symbolic, _Walk, check_dims, exact_view, plan_capacity)
-from .specialize import _value, module_without_code
+from .specialize import _value, expr_text, module_without_code
 from .trace_symbolic import SymbolicStep, SymTensor, _free_symbols
 
 __all__ = ["CapacityPlan", "CapacityRefused", "arguments", "at_dims", "capacity_form", "check_dims", "check_shapes",
@@ -126,7 +126,8 @@ def check_shapes(gm: fx.GraphModule, sym: SymbolicStep, plan: CapacityPlan, keep
 
 def check_shapes_at(gm: fx.GraphModule, sym: SymbolicStep, plan: CapacityPlan, dims, keep_values: bool = False) -> None:
     """``check_shapes`` at ``dims``; ``keep_values``: each node's fake value stays in ``meta["val"]``."""
-    from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
+    from torch.fx.experimental.proxy_tensor import py_sym_types
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
     at_cap, here = _binding(sym, plan.capacity), _binding(sym, dims)
     device = meta.traced_device(sym.gm)
@@ -143,14 +144,33 @@ def check_shapes_at(gm: fx.GraphModule, sym: SymbolicStep, plan: CapacityPlan, d
             return fake_tensor(mode, v.shape, v.stride, v.dtype, v.device)
         return type(v)(recorded(x) for x in v) if isinstance(v, (list, tuple)) else v
 
+    snapshot = any(_changes_metadata(n.target) for n in gm.graph.nodes if n.op == "call_function")
+
+    def kept(v):  # a node's value as ``meta["val"]`` holds it
+        if isinstance(v, FakeTensor):
+            return v
+        if isinstance(v, torch.Tensor):
+            return mode.from_tensor(v, static_shapes=True)
+        return v if isinstance(v, (*py_sym_types, int, float, bool)) else None
+
     class Prop(FakeTensorProp):
         def run_node(self, n):  # static nodes are not run: what the trace recorded is their value
-            if n.meta.get(_MODE) != "static":
+            if n.meta.get(_MODE) == "static":
+                with unset_fake_temporarily():  # (the prop runs inside the mode: see fake_tensor)
+                    n.meta["val"] = value = recorded(want[n.meta[_OF]])
+                return value
+            if snapshot:
                 return super().run_node(n)
-            with unset_fake_temporarily():  # (the prop runs inside the mode: see fake_tensor)
-                n.meta["val"] = value = recorded(want[n.meta[_OF]])
-            return value
-    with at_dims(dims):
+            # FakeTensorProp's own, less its copy of each value (``snapshot_fake``, a detach: a
+            # tenth of a build): no node changes a tensor's sizes or strides in place (an
+            # ``inplace_view`` op, a resize or a ``set_``), so a value read later still has
+            # the layout its node gave it
+            result = fx.Interpreter.run_node(self, n)
+            val = fx.node.map_aggregate(result, kept)
+            if val is not None:
+                n.meta["val"] = val
+            return result
+    with at_dims(dims), torch.no_grad():
         Prop(gm, mode).propagate(*args)
 
     def shapes(v, binding):
@@ -173,6 +193,22 @@ def check_shapes_at(gm: fx.GraphModule, sym: SymbolicStep, plan: CapacityPlan, d
     if not keep_values:
         for node in gm.graph.nodes:
             node.meta.pop("val", None)  # sizes of one run, not of the graph
+
+
+_METADATA_OPS = frozenset({"resize_", "resize_as_", "set_", "as_strided_"})
+
+
+def _changes_metadata(target) -> bool:
+    """An op that changes its input's sizes, strides or storage in place (``t_``, ``unsqueeze_``,
+    ``resize_``, ``set_``...), or a target that is no aten op (nothing says what it does)."""
+    if not isinstance(target, torch._ops.OpOverload):
+        return not _known_pure(target)
+    return torch.Tag.inplace_view in target.tags or target.overloadpacket.__name__ in _METADATA_OPS
+
+
+def _known_pure(target) -> bool:  # what a capacity graph calls besides ops: host sizes, checks, grad mode
+    return target in (host_size, within, torch._C._set_grad_enabled) or \
+        getattr(target, "__module__", None) in ("_operator", "math")
 
 
 class _Emit:
@@ -246,14 +282,14 @@ class _Emit:
             return _value(e, {}, "a size")
         if form == CAPACITY:
             return _value(e, self.at_capacity, "a size")
-        key = (form, str(e))
+        key = (form, expr_text(e))
         if key not in self.memo and form == EXACT:
             # hoisted to the top, after the dims' check: a host size reads the dims alone, and
             # a run of them there leaves the rest of the graph in one piece to capture (rule R)
             with self.g.inserting_after(self.hoisted):
-                self.memo[key] = self.hoisted = self.g.call_function(host_size, (str(e), self.names, self.dims))
+                self.memo[key] = self.hoisted = self.g.call_function(host_size, (key[1], self.names, self.dims))
         elif key not in self.memo:
-            self.memo[key] = self.g.call_function(DEVICE_SIZE, (str(e), ",".join(self.names), list(self.dev)))
+            self.memo[key] = self.g.call_function(DEVICE_SIZE, (key[1], ",".join(self.names), list(self.dev)))
         return self.memo[key]
 
     def exact_of(self, a: fx.Node):

@@ -21,7 +21,7 @@ from ..errors import SpecializationRefused, TraceError
 from ..step import Role
 from .base import is_mutating, is_view, view_root, written_args
 from .capacity_ops import _refusal, size_at
-from .specialize import _ASSERTS, _value
+from .specialize import _ASSERTS, _value, expr_text
 from .trace_symbolic import SymbolicStep, SymTensor, _free_symbols
 
 CAPACITY, EXACT, DEVICE = "capacity", "exact", "device"
@@ -95,6 +95,10 @@ def _padded(v) -> dict:
     if not isinstance(v, SymTensor):
         return {}
     return {d: s for d, s in enumerate(v.shape) if getattr(s, "free_symbols", None)}
+
+
+def _texts(xs) -> tuple:
+    return tuple(expr_text(x) for x in xs)
 
 
 def _symbolic(x) -> bool:
@@ -350,8 +354,8 @@ class _Walk:
             return "exact: masked or causal attention"
         if callable(self.masked):  # the caller's probe, asked once per layout, live size and scale
             scale = node.kwargs.get("scale")
-            key = tuple((str(t.shape), str(t.stride), str(t.offset)) for t in (q, k, v)) + (
-                q.dtype, str(_padded(k)[kd]), scale)
+            key = tuple((_texts(t.shape), _texts(t.stride), expr_text(t.offset)) for t in (q, k, v)) + (
+                q.dtype, expr_text(_padded(k)[kd]), scale)
             if key not in self.probed:
                 self.probed[key] = bool(self.masked(q, k, v, _padded(k)[kd], scale))
             return "masked attention" if self.probed[key] else "exact: attention (the masked call differs here)"
@@ -411,7 +415,7 @@ def _check_texts(sym, capacity, exprs) -> None:
         values = tuple(int(at[d]) for d in sym.dims)
         for e in exprs:
             try:
-                ok = size_at(str(e), names, *values) == _value(e, binding, "a size")
+                ok = size_at(expr_text(e), names, *values) == _value(e, binding, "a size")
             except Exception:  # noqa: BLE001 - a text Python cannot evaluate
                 ok = False
             if not ok:

@@ -355,6 +355,50 @@ def test_reviewed_steps_run_exact(case):
         bare(*[torch.zeros(()) for n in bare.graph.nodes if n.op == "placeholder"])
 
 
+def _vals(gm) -> list:
+    def one(v):
+        if isinstance(v, torch.Tensor):
+            return (tuple(v.shape), v.stride(), v.storage_offset(), v.dtype, v.device)
+        return tuple(one(x) for x in v) if isinstance(v, (list, tuple)) else v
+    return [(n.name, one(n.meta.get("val"))) for n in gm.graph.nodes]
+
+
+def _unsqueezed_in_place(x, c, b):  # (of a padded value: refused, "a value whose memory the step writes")
+    y = x * 2
+    y.unsqueeze_(0)  # its sizes change after the node that made it
+    return c * y.sum()
+
+
+@pytest.mark.parametrize("case", sorted(EXACT_CASES) + ["an unsqueeze_ of a value"])
+def test_kept_values_are_the_snapshots_fake_tensor_prop_takes(case, monkeypatch):
+    """``check_shapes`` keeps each node's value as it was made, without FakeTensorProp's copy
+    of it, where no node changes a tensor's layout in place: every node's value at the
+    capacity (size, stride, offset, dtype, device) is what the copying prop records; a graph
+    with such a node (``unsqueeze_``) takes the copies."""
+    body, kw, _, capacity = EXACT_CASES.get(case) or (_unsqueezed_in_place, {}, None, 20)
+    sym = one_step(body, **kw)
+    gm, plan = cap.capacity_form(sym, {"p": capacity})
+    inplace = [n for n in gm.graph.nodes if n.op == "call_function" and cap._changes_metadata(n.target)]
+    assert bool(inplace) == (body is _unsqueezed_in_place), inplace
+    cap.check_shapes_at(gm, sym, plan, {"p": capacity}, keep_values=True)
+    kept = _vals(gm)
+    monkeypatch.setattr(cap, "_changes_metadata", lambda target: True)  # FakeTensorProp's own run_node
+    cap.check_shapes_at(gm, sym, plan, {"p": capacity}, keep_values=True)
+    assert kept == _vals(gm)
+
+
+def test_ops_that_change_a_layout_in_place_are_told_apart():
+    from cadence_fx.passes.capacity_ops import host_size
+    aten = torch.ops.aten
+    for op in (aten.unsqueeze_.default, aten.t_.default, aten.transpose_.default, aten.resize_.default,
+               aten.as_strided_.default, aten.set_.source_Tensor, lambda x: x):  # (a callable: unknown)
+        assert cap._changes_metadata(op), op
+    import operator
+    for op in (aten.add.Tensor, aten.copy_.default, aten.index_put_.default, aten.view.default,
+               operator.getitem, host_size, torch._C._set_grad_enabled):
+        assert not cap._changes_metadata(op), op
+
+
 @pytest.mark.parametrize("case", sorted(REFUSED_CASES))
 def test_reviewed_steps_refused_by_name(case):
     body, match = REFUSED_CASES[case]
