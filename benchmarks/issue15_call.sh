@@ -20,6 +20,11 @@
 # claims); the traffic then loads every graph (and captures it) instead of building one after another.
 # WAIT_FOR=FILE (session 47): the traffic starts once FILE exists, so a job started beside the
 # preparing (the GPU suite, writing FILE when it ends) never runs beside the timed traffic.
+# Session 48 ran that on an H100 (docs/results/h100-2026-12-06-session48/): the GPU suite's 6
+# workers beside 8 shard processes ran the 80 GB card out of memory (18 suite tests and one shard
+# failed with CUDA out of memory), and the script then hung at a bare `wait` (it waited for the
+# ticker too; fixed: it waits for the workers).  Do not start the suite beside the shards on an
+# 80 GB card: run the suite in a call of its own, or before this script in the same call.
 # Run through the device tool with carry [".whl"]:
 #     [SEED=5] [PREPARE_WORKERS=8] bash benchmarks/issue15_call.sh <commit> [seconds, default 570] [--idle]
 # SEED (default 0): the traffic's seed; seed 5 sends three windows and flushes of a voice's other
@@ -40,11 +45,13 @@ start=$SECONDS
 ARGS="--device cuda --rules SRc --n-timesteps 5 --conversations 8 --seed ${SEED:-0} --capacity 500 --prepare"
 W=${PREPARE_WORKERS:-0}
 if [ "$W" -gt 0 ]; then  # processes sharing .cfx each build a shard of the shapes; the traffic loads them all
+  pids=()
   for i in $(seq 0 $((W - 1))); do
     timeout $LIMIT python3 -m cadence_fx traffic $ARGS --prepare-only --prepare-shard $i/$W --quiet \
       > /tmp/r/traffic/prepare-$i.json 2> /tmp/r/traffic/prepare-$i.log &
+    pids+=($!)
   done
-  wait
+  wait "${pids[@]}"  # the workers only (a bare `wait` would wait for the ticker, which never ends)
   echo "prepare workers ($W) done at $((SECONDS-start)) s"
 fi
 if [ -n "${WAIT_FOR:-}" ]; then  # a job beside the preparing (the GPU suite) ends before the timed traffic
