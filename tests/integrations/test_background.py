@@ -89,6 +89,17 @@ def _cuda_model(first: int, n_timesteps: int, float16: bool = False, **optimize_
     return tail, opt
 
 
+def _mismatches(report: dict, opt) -> str:
+    """What differed, in full (pytest cuts a long assertion message's repr), and the
+    session's capture failures and fallbacks: what a failing GPU run must say."""
+    rows = [f"chunk {r['chunk']} ({r['route']}): wave {'=' if r['wave_equal'] else 'DIFFERS'}, pcm "
+            f"{'=' if r['pcm_equal'] else 'DIFFERS'}, state {'=' if r['state_equal'] else r['mismatched']}"
+            for r in report["mismatches"]]
+    stats = opt.stats()
+    return "; ".join(rows) + f"; capture failures {getattr(opt.session, 'capture_failures', None)}; " \
+        f"fallbacks {stats.get('fallbacks')}"
+
+
 def _cuda_voice(tail, opt, tokens: int) -> None:
     """A voice of ``tokens`` prompt tokens (seed ``tokens``) set up on stock and optimized."""
     prompt = s2.synthetic_prompt(tokens, seed=tokens, device="cuda")
@@ -403,7 +414,7 @@ def test_on_cuda_each_entry_is_captured_when_a_chunk_first_needs_it_and_replays_
         assert deferred and deferred[0]["exact"], deferred
         assert [c["route"] for c in deferred[0]["per_chunk"]] == [f"fallback: {device_work.DEFERRED}"]
         report = compare_streams(tail, opt, chunks[2:], dev, seed=613)
-        assert report["exact"], report["mismatches"]
+        assert report["exact"], _mismatches(report, opt)
         assert report["pcm_sha256_stock"] == report["pcm_sha256_optimized"]
         routes = [c["route"] for c in report["per_chunk"]]
         assert routes == ["replay entry 2"] * 4 + ["fallback: flags last_chunk outside the catalog (eager)"], routes
