@@ -44,7 +44,8 @@ import torch
 import torch.fx as fx
 
 from . import step as meta
-from .errors import CadenceError, NeedsForeground, PassError, RulesError, SpecializationRefused, TraceError
+from .errors import (CadenceError, NeedsForeground, PassError, RulesError, SpecializationRefused, TraceError,
+                     caused_by)
 from .capacity_hazards import hazards_at, walk_plan
 from .foreground import in_background
 from .capacity_build import capacity_graph
@@ -59,7 +60,8 @@ from .runtime import collector
 from .runtime.arena import Arena, copy_strided
 from .runtime.session import EntryProgram, Executable
 from .runtime.working import WorkingArena
-from .runtime.variants import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, VariantBusy, VariantKey, VariantRefused, Variants
+from .runtime.variants import (DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, OOM_RETRY_S, RefusedForNow, VariantBusy, VariantKey,
+                               VariantRefused, Variants)
 from .step import Rules
 
 #: off-catalog shapes' graphs a capacity executable holds (least recently used out first)
@@ -459,6 +461,18 @@ def _shape(key: VariantKey) -> tuple:
     return key.entry, key.inputs, key.flags
 
 
+class _OutOfMemory(str):
+    """A build's refusal that out of memory caused: remembered ``OOM_RETRY_S`` only (memory comes back)."""
+
+
+def _refused(hit) -> bool:  # a refusal held (one of out of memory, until its time is up)
+    return isinstance(hit, str) and not (isinstance(hit, _OutOfMemory) and time.monotonic() - hit.at >= OOM_RETRY_S)
+
+
+def _refusal(hit: str) -> VariantRefused:
+    return (RefusedForNow if isinstance(hit, _OutOfMemory) else VariantRefused)(hit)
+
+
 def _label(shape: tuple) -> str:
     return VariantKey(shape[0], (), shape[1], shape[2]).label()
 
@@ -466,7 +480,7 @@ def _label(shape: tuple) -> str:
 def shared_variant(cexe: CapacityExecutable, key: VariantKey, inputs: Mapping[str, torch.Tensor]) -> SharedGraph:
     """The capacity graph of ``key``'s shape (an off-catalog chunk at catalog entry
     ``key.entry``'s state), built now if none is held; ``VariantRefused`` (remembered) where
-    none can be.  One build at a time: a stream that needs a shape while another shape is
+    none can be (for ``OOM_RETRY_S`` where out of memory was why).  One build at a time: a stream that needs a shape while another shape is
     building gets ``VariantBusy`` (its chunk runs eagerly, nothing is remembered); a shape
     held is never waited for.  A build that needs the foreground (``NeedsForeground``, on a
     background build's thread) is not remembered either."""
@@ -475,29 +489,32 @@ def shared_variant(cexe: CapacityExecutable, key: VariantKey, inputs: Mapping[st
         hit = cexe.shared.get(shape)
         if hit is not None:
             cexe.shared.move_to_end(shape)
-    if isinstance(hit, str):
-        raise VariantRefused(hit)
-    if hit is not None:
+    if _refused(hit):
+        raise _refusal(hit)
+    if isinstance(hit, SharedGraph):
         return hit
     if not cexe._building.acquire(blocking=False):
         raise VariantBusy(f"another stream is building a capacity graph ({_label(shape)} waits for its turn)")
     try:
         with cexe._lock:  # built while this one waited?
             hit = cexe.shared.get(shape)
-        if isinstance(hit, str):
-            raise VariantRefused(hit)
-        if hit is not None:
+        if _refused(hit):
+            raise _refusal(hit)
+        if isinstance(hit, SharedGraph):
             return hit
         t0 = time.perf_counter()
         try:
             built = _build_shared(cexe, key, inputs)
         except (VariantRefused, SpecializationRefused, PassError, TraceError) as e:  # CapacityRefused: a TraceError
-            if _caused_by(e, NeedsForeground):
+            if caused_by(e, NeedsForeground):
                 raise NeedsForeground(str(e)) from e
             why = f"no capacity graph for {_label(shape)}: {type(e).__name__}: {e}"
+            if caused_by(e, torch.OutOfMemoryError):  # tried again once OOM_RETRY_S have passed
+                why = _OutOfMemory(f"{why} (out of memory: tried again {OOM_RETRY_S:g} s after)")
+                why.at = time.monotonic()
             with cexe._lock:
                 cexe.shared[shape] = why
-            raise VariantRefused(why) from e
+            raise _refusal(why) from e
         built.build_s = round(time.perf_counter() - t0, 3)
         with cexe._lock:
             cexe.shared[shape] = built
@@ -512,15 +529,6 @@ def shared_variant(cexe: CapacityExecutable, key: VariantKey, inputs: Mapping[st
         cexe._building.release()
 
 
-def _caused_by(e: BaseException, kind: type) -> bool:
-    """Whether ``e`` or an exception in its chain (cause or context) is a ``kind``."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        if isinstance(e, kind):
-            return True
-        seen.add(id(e))
-        e = e.__cause__ or e.__context__
-    return False
 
 
 def _build_shared(cexe: CapacityExecutable, key: VariantKey, inputs: Mapping[str, torch.Tensor]) -> SharedGraph:

@@ -63,3 +63,14 @@ class NeedsForeground(CadenceError, RuntimeError):
 
     Never raised to a user: the stream stays on the exact eager path (counted, with
     this reason) and that configuration's next set-up builds in the foreground."""
+
+
+def caused_by(e: "BaseException | None", kind: type) -> bool:
+    """Whether ``e`` or an exception in its chain (cause or context) is a ``kind``."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, kind):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False

@@ -49,7 +49,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from ..errors import CadenceError, NeedsForeground
+from ..errors import CadenceError, NeedsForeground, caused_by
 from .arena import copy_strided
 
 #: the reason of an off-catalog chunk that ran eagerly while its program builds in the background
@@ -74,6 +74,16 @@ DEFAULT_MAX_BYTES = 256 << 20
 
 class VariantRefused(CadenceError):
     """No program can be built for a key (the reason is kept; its chunks run eagerly)."""
+
+
+class RefusedForNow(VariantRefused):
+    """No program for a key now because memory ran out: the reason is kept ``OOM_RETRY_S``
+    seconds (its chunks run eagerly meanwhile), then the key is built again."""
+
+
+#: seconds a refusal that out of memory caused is kept (memory a build needed comes back as
+#: other work ends; a refusal for good would keep the key eager for the process's life)
+OOM_RETRY_S = 30.0
 
 
 class VariantBusy(CadenceError):
@@ -151,6 +161,7 @@ class Variants:
         self.policy, self.max_entries, self.max_bytes = policy, max_entries, max_bytes
         self._held: collections.OrderedDict[VariantKey, _Built] = collections.OrderedDict()
         self._refused: dict[VariantKey, str] = {}
+        self._retry_at: dict[VariantKey, float] = {}  # a refusal out of memory caused: when it is tried again
         self._lock = threading.Lock()  # the tables
         self._building = threading.Lock()  # one build at a time
         self.built = 0
@@ -183,7 +194,9 @@ class Variants:
                 self._held.move_to_end(key)
                 return hit.program, None
             if key in self._refused:
-                return None, self._refused[key]
+                if self._retry_at.get(key, float("inf")) > time.monotonic():
+                    return None, self._refused[key]
+                del self._refused[key], self._retry_at[key]  # out of memory was why, and its time is up
             if self.policy == "repeat" and key not in self._pending and key not in self._foreground_only:
                 if key not in self._seen:  # the first of its shape: remembered, not built
                     self._seen[key] = None
@@ -223,6 +236,8 @@ class Variants:
         """(Holding ``_lock``.)  ``key`` runs eagerly from now on, ``error`` its reason."""
         why = str(error) if isinstance(error, VariantRefused) else f"{type(error).__name__}: {error}"
         self._refused[key] = why
+        if isinstance(error, RefusedForNow) or caused_by(error, torch.OutOfMemoryError):
+            self._retry_at[key] = time.monotonic() + OOM_RETRY_S  # built again after that
         return None, why
 
     def _take(self, key: VariantKey, built: _Built) -> tuple[Any | None, str | None]:

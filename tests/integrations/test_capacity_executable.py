@@ -700,6 +700,42 @@ def test_a_build_that_needs_the_foreground_is_not_remembered_as_refused(shared, 
     assert program is None and "another stream is building" in why and variants.stats()["refused"] == {}
 
 
+def test_a_build_out_of_memory_is_remembered_for_a_while_then_tried_again(shared, monkeypatch):
+    """Out of memory in a shape's build (the GPU suite of 2026-12-06: a pass's run, wrapped as a
+    ``PassError``) is a refusal for ``OOM_RETRY_S``, then the shape is built again (memory comes
+    back; a refusal for good would leave its chunks off the graph for the process's life)."""
+    import collections
+    import dataclasses
+    import cadence_fx.capacity_executable as ce
+    from cadence_fx.errors import PassError
+    from cadence_fx.runtime.variants import RefusedForNow, VariantKey, VariantRefused
+    opt, cexe = shared
+    bare = dataclasses.replace(cexe, shared=collections.OrderedDict())
+    key = VariantKey(2, (), (("token", (1, 9), "int32", (9, 1)),), ())
+    now, builds = [1000.0], []
+    monkeypatch.setattr(ce.time, "monotonic", lambda: now[0])
+
+    def out_of_memory(*a):
+        builds.append(now[0])
+        try:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 396.00 MiB")
+        except torch.OutOfMemoryError as e:
+            raise PassError("EarlyWriteback failed") from e
+    monkeypatch.setattr(ce, "_build_shared", out_of_memory)
+    for _ in range(2):  # the second within the time: remembered, not built again (the streams' Variants
+        with pytest.raises(RefusedForNow, match="EarlyWriteback failed"):  # keep it as long: test_variants)
+            ce.shared_variant(bare, key, {})
+    assert builds == [1000.0] and "out of memory" in bare.stats()["refused"][ce._label(ce._shape(key))]
+    now[0] += ce.OOM_RETRY_S - 1
+    with pytest.raises(VariantRefused, match="EarlyWriteback failed"):
+        ce.shared_variant(bare, key, {})
+    now[0] += 1
+    sentinel = ce.SharedGraph(None, None, None, 0, 0.0, "a graph", None)
+    monkeypatch.setattr(ce, "_build_shared", lambda *a: builds.append(now[0]) or sentinel)
+    got = ce.shared_variant(bare, key, {})
+    assert got is sentinel and builds == [1000.0, 1000.0 + ce.OOM_RETRY_S] and bare.shared[ce._shape(key)] is sentinel
+
+
 @cuda
 @pytest.mark.parametrize("rules,shared", [("SRc", False), ("SR", False), ("SRc", True), ("SR", True)])
 def test_capacity_graphs_replay_exactly_under_src(rules, shared):

@@ -352,6 +352,39 @@ def test_under_the_repeat_policy_a_stream_is_exact_and_runs_a_shape_the_third_ti
     assert spec["policy"] == "repeat" and spec["built"] == len(spec["held"]) > 0 and spec["refused"] == {}
 
 
+@pytest.mark.parametrize("how", ["raised", "wrapped", "for now"])
+def test_a_build_out_of_memory_is_kept_for_a_while_then_built_again(how, monkeypatch):
+    """Out of memory (raised by the build, in its chain, or a ``RefusedForNow`` the capacity
+    executable answers with) keeps the key's chunks eager for ``OOM_RETRY_S``, then the key is
+    built again; any other failure is kept for good (above)."""
+    from cadence_fx.runtime import variants as variants_module
+    from cadence_fx.runtime.variants import OOM_RETRY_S, RefusedForNow
+    now, calls = [50.0], []
+    monkeypatch.setattr(variants_module.time, "monotonic", lambda: now[0])
+
+    def build(key, inputs):
+        calls.append(now[0])
+        if len(calls) == 1:
+            oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            if how == "raised":
+                raise oom
+            if how == "for now":
+                raise RefusedForNow("no capacity graph: out of memory")
+            try:
+                raise oom
+            except torch.OutOfMemoryError as e:
+                raise RuntimeError("a pass failed") from e
+        return "p", 100, "specialized"
+
+    v = Variants(build, "specialize")
+    program, why = v.get(_key(1), {})
+    assert program is None and why and v.stats()["refused"] == {_key(1).label(): why}
+    now[0] += OOM_RETRY_S - 0.5
+    assert v.get(_key(1), {}) == (None, why) and calls == [50.0]  # kept: not built again yet
+    now[0] += 0.5
+    assert v.get(_key(1), {})[0] == "p" and calls == [50.0, 50.0 + OOM_RETRY_S] and v.stats()["refused"] == {}
+
+
 def test_a_failed_build_is_kept_as_the_reason_and_configure_bounds_evict():
     calls = []
 
