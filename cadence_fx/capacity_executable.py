@@ -480,7 +480,8 @@ def _label(shape: tuple) -> str:
 def shared_variant(cexe: CapacityExecutable, key: VariantKey, inputs: Mapping[str, torch.Tensor]) -> SharedGraph:
     """The capacity graph of ``key``'s shape (an off-catalog chunk at catalog entry
     ``key.entry``'s state), built now if none is held; ``VariantRefused`` (remembered) where
-    none can be (for ``OOM_RETRY_S`` where out of memory was why).  One build at a time: a stream that needs a shape while another shape is
+    none can be (``RefusedForNow``, remembered ``OOM_RETRY_S``, where out of memory was why).
+    One build at a time: a stream that needs a shape while another shape is
     building gets ``VariantBusy`` (its chunk runs eagerly, nothing is remembered); a shape
     held is never waited for.  A build that needs the foreground (``NeedsForeground``, on a
     background build's thread) is not remembered either."""
@@ -527,8 +528,6 @@ def shared_variant(cexe: CapacityExecutable, key: VariantKey, inputs: Mapping[st
         return built
     finally:
         cexe._building.release()
-
-
 
 
 def _build_shared(cexe: CapacityExecutable, key: VariantKey, inputs: Mapping[str, torch.Tensor]) -> SharedGraph:
