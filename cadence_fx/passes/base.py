@@ -14,8 +14,9 @@ at a released model's size).  A pass called alone regenerates it before its
 ``ensures``; ``PassManager`` regenerates it once, after the last pass, unless a pass
 declares ``ensures_runs_code`` (its check calls the module itself) or debug is on; a
 manager built with ``code=False`` never does (its result is only read, lowered from a
-copy or interpreted: calling it raises, ``without_code``).  Passes read the graph, never ``gm.code``; an ``fx.Interpreter`` also runs the graph,
-so the hazard checks need no fresh code.
+copy or interpreted: calling it raises, ``without_code``).  Passes read the graph, never
+``gm.code``; an ``fx.Interpreter`` also runs the graph, so the hazard checks need no
+fresh code.
 """
 
 from __future__ import annotations
@@ -216,6 +217,16 @@ def fake_tensor(mode, shape, stride, dtype: torch.dtype, device, offset: int = 0
 
 
 # ----------------------------------------------------------------- op classification
+#: in-place ops that change a tensor's sizes, strides or storage (a copy of its values would not)
+LAYOUT_IN_PLACE = frozenset({"resize_", "resize_as_", "set_", "as_strided_", "t_", "transpose_", "squeeze_",
+                             "unsqueeze_", "swapaxes_", "swapdims_", "_unsafe_set_version_counter"})
+
+
+def changes_layout_in_place(target) -> bool:
+    """Whether ``target`` is an op of ``LAYOUT_IN_PLACE`` (any overload)."""
+    return isinstance(target, torch._ops.OpOverload) and target.overloadpacket.__name__ in LAYOUT_IN_PLACE
+
+
 def is_random(node: fx.Node) -> bool:
     """Ops that draw from a generator: they must run exactly as often as in eager."""
     t = node.target

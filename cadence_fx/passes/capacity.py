@@ -43,7 +43,7 @@ import torch.fx as fx
 
 from .. import step as meta
 from ..step import Role
-from .base import fake_tensor, returns_written, written_args
+from .base import changes_layout_in_place, fake_tensor, returns_written, written_args
 from .capacity_ops import (DEVICE_SIZE, FAITHFUL, MASKED_ATTENTION, MASKED_COPY, OFFSET_CAT, TO_CAPACITY, at_dims,
                            host_size, probe_masked_attention, within)
 from .capacity_plan import (_ASSERTS, _MODE, _OF, CAPACITY, DEVICE, EXACT, CapacityPlan, CapacityRefused, _binding,
@@ -162,9 +162,9 @@ def check_shapes_at(gm: fx.GraphModule, sym: SymbolicStep, plan: CapacityPlan, d
             if snapshot:
                 return super().run_node(n)
             # FakeTensorProp's own, less its copy of each value (``snapshot_fake``, a detach: a
-            # tenth of a build): no node changes a tensor's sizes or strides in place (an
-            # ``inplace_view`` op, a resize or a ``set_``), so a value read later still has
-            # the layout its node gave it
+            # tenth of a build): no node changes a tensor's sizes or strides in place, so a
+            # value read later still has the layout its node gave it (and, the prop running
+            # without grad, no autograd history to cut)
             result = fx.Interpreter.run_node(self, n)
             val = fx.node.map_aggregate(result, kept)
             if val is not None:
@@ -195,15 +195,13 @@ def check_shapes_at(gm: fx.GraphModule, sym: SymbolicStep, plan: CapacityPlan, d
             node.meta.pop("val", None)  # sizes of one run, not of the graph
 
 
-_METADATA_OPS = frozenset({"resize_", "resize_as_", "set_", "as_strided_"})
-
-
 def _changes_metadata(target) -> bool:
     """An op that changes its input's sizes, strides or storage in place (``t_``, ``unsqueeze_``,
-    ``resize_``, ``set_``...), or a target that is no aten op (nothing says what it does)."""
+    ``resize_``, ``set_``...: ``base.changes_layout_in_place``), or a target that is no op
+    (nothing says what it does)."""
     if not isinstance(target, torch._ops.OpOverload):
         return not _known_pure(target)
-    return torch.Tag.inplace_view in target.tags or target.overloadpacket.__name__ in _METADATA_OPS
+    return changes_layout_in_place(target)
 
 
 def _known_pure(target) -> bool:  # what a capacity graph calls besides ops: host sizes, checks, grad mode

@@ -37,7 +37,7 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from .. import step as meta
-from .base import copy_node, view_root, written_args
+from .base import changes_layout_in_place, copy_node, view_root, written_args
 
 #: methods memoized on every watched module class that defines them
 DEFAULT_METHODS = ("forward",)
@@ -48,9 +48,6 @@ DEFAULT_METHODS = ("forward",)
 TRACE_TURN = threading.RLock()
 
 aten = torch.ops.aten
-#: in-place ops that change a tensor's sizes, strides or storage (a copy would not)
-_METADATA_MUTATING = {"resize_", "resize_as_", "set_", "as_strided_", "t_", "transpose_", "squeeze_",
-                      "unsqueeze_", "swapaxes_", "swapdims_", "_unsafe_set_version_counter"}
 
 
 class _Id:
@@ -310,7 +307,7 @@ class CallMemo:
             if n.op == "placeholder":
                 return "adds a graph input"
             t = n.target
-            if isinstance(t, torch._ops.OpOverload) and t.overloadpacket.__name__ in _METADATA_MUTATING:
+            if changes_layout_in_place(t):
                 return f"changes a tensor's metadata in place ({t})"
         return None
 
