@@ -35,6 +35,7 @@ DTYPES = ("float16", "float32")
 
 
 def run_case(dtype: str, headroom: int | None) -> dict:
+    import numpy
     import torch
     from cadence_fx.integrations.stepaudio2 import stock as s2
     torch.use_deterministic_algorithms(True)
@@ -55,7 +56,8 @@ def run_case(dtype: str, headroom: int | None) -> dict:
         try:
             wave = tail.stream(tokens, last_chunk=last, return_waveform=True)
             torch.cuda.synchronize()
-            row["wave_sha256"] = hashlib.sha256(wave.float().cpu().numpy().tobytes()).hexdigest()[:16]
+            wave = wave.float().cpu().numpy() if isinstance(wave, torch.Tensor) else numpy.asarray(wave, dtype=numpy.float32)
+            row["wave_sha256"] = hashlib.sha256(wave.tobytes()).hexdigest()[:16]
         except torch.OutOfMemoryError as e:
             row["raised"] = f"OutOfMemoryError: {str(e)[:120]}"
         finally:
