@@ -11,7 +11,7 @@ out of memory (``torch.cuda.memory_stats()["num_ooms"]``).
 Each case runs in its own process (a polluted cache lives as long as the process): stock's
 released Token2Wav tail (seed-0 weights, a 61-token voice, 6 chunks with a 13-token flush,
 5 flow steps) under the deterministic protocol; in chunk 1 the process's allocator is capped
-at what it holds plus ``headroom`` MiB (``torch.cuda.set_per_process_memory_fraction``), the
+at what it holds (its cached free blocks released first) plus ``headroom`` MiB (``torch.cuda.set_per_process_memory_fraction``), the
 cap is lifted after that chunk.  Reported per case: each chunk's waveform sha256, whether the
 chunk raised, the allocator's ``num_ooms`` after it.  A case whose chunks differ from the
 uncapped case's while none raised is stock giving other bits, silently, after an out of memory.
@@ -30,7 +30,7 @@ import os
 import subprocess
 import sys
 
-HEADROOMS_MIB = (None, 8, 64, 512)
+HEADROOMS_MIB = (None, 8, 64, 128, 256, 512, 1024, 2048)
 DTYPES = ("float16", "float32")
 
 
@@ -50,6 +50,7 @@ def run_case(dtype: str, headroom: int | None) -> dict:
         capped = i == 1 and headroom is not None
         if capped:
             torch.cuda.synchronize()
+            torch.cuda.empty_cache()  # the cached free blocks go back: the cap leaves only the headroom
             cap = torch.cuda.memory_reserved() + headroom * 2**20
             torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total))
         row = {"chunk": i, "capped": capped}
