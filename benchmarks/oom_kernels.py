@@ -10,9 +10,10 @@ out of memory (``torch.cuda.memory_stats()["num_ooms"]``).
 
 Each case runs in its own process (a polluted cache lives as long as the process): stock's
 released Token2Wav tail (seed-0 weights, a 61-token voice, 6 chunks with a 13-token flush,
-5 flow steps) under the deterministic protocol; in chunk 1 the process's allocator is capped
-at what it holds (its cached free blocks released first) plus ``headroom`` MiB (``torch.cuda.set_per_process_memory_fraction``), the
-cap is lifted after that chunk.  Reported per case: each chunk's waveform sha256, whether the
+5 flow steps) under the deterministic protocol; from the voice's set-up (each convolution's
+first call) to the end of chunk 1 the process's allocator is capped at what it holds (its cached
+free blocks released first) plus ``headroom`` MiB (``torch.cuda.set_per_process_memory_fraction``),
+then the cap is lifted.  Reported per case: each chunk's waveform sha256, whether the
 chunk raised, the allocator's ``num_ooms`` after it.  A case whose chunks differ from the
 uncapped case's while none raised is stock giving other bits, silently, after an out of memory.
 
@@ -42,17 +43,24 @@ def run_case(dtype: str, headroom: int | None) -> dict:
     torch.backends.cudnn.benchmark = False
     flow, hift = s2.build_modules(0)
     tail = s2.Token2WavTail(flow.cuda(), hift.cuda(), n_timesteps=5, float16=dtype == "float16")
-    tail.set_stream_cache(*s2.synthetic_prompt(61, seed=61, device="cuda"))
-    torch.manual_seed(613)
     total = torch.cuda.get_device_properties(0).total_memory
+
+    def cap() -> None:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()  # the cached free blocks go back: the cap leaves only the headroom
+        torch.cuda.set_per_process_memory_fraction(min(1.0, (torch.cuda.memory_reserved() + headroom * 2**20) / total))
+
     rows = []
+    if headroom is not None:  # from the set-up (every convolution's first call) to the end of chunk 1
+        cap()
+    try:
+        tail.set_stream_cache(*s2.synthetic_prompt(61, seed=61, device="cuda"))
+    except torch.OutOfMemoryError as e:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        return {"dtype": dtype, "headroom_mib": headroom, "setup_raised": str(e)[:120], "chunks": []}
+    torch.manual_seed(613)
     for i, (tokens, last) in enumerate(s2.synthetic_chunks(6, seed=61, final_tokens=13)):
-        capped = i == 1 and headroom is not None
-        if capped:
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()  # the cached free blocks go back: the cap leaves only the headroom
-            cap = torch.cuda.memory_reserved() + headroom * 2**20
-            torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total))
+        capped = i <= 1 and headroom is not None
         row = {"chunk": i, "capped": capped}
         try:
             wave = tail.stream(tokens, last_chunk=last, return_waveform=True)
@@ -62,7 +70,7 @@ def run_case(dtype: str, headroom: int | None) -> dict:
         except torch.OutOfMemoryError as e:
             row["raised"] = f"OutOfMemoryError: {str(e)[:120]}"
         finally:
-            if capped:
+            if i == 1:
                 torch.cuda.set_per_process_memory_fraction(1.0)
         row["num_ooms"] = torch.cuda.memory_stats().get("num_ooms", 0)
         rows.append(row)
