@@ -425,6 +425,77 @@ def test_on_cuda_each_entry_is_captured_when_a_chunk_first_needs_it_and_replays_
 
 
 @cuda
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("how,at", [("escapes", 0), ("escapes", 2), ("in_capture", 0), ("in_capture", 2)])
+def test_on_cuda_a_mid_stream_capture_cut_by_out_of_memory_leaves_every_chunk_exact(dtype, how, at, monkeypatch):
+    """Session 48's GPU suite ran the card out of memory, and the first chunk after entry 2's
+    mid-stream capture (its route: "region refused replay: submod_0: not captured") was not
+    exact in float16.  Here the out of memory is injected at the ``at``-th region capture of
+    that chunk: ``escapes`` raises it before the capture (as a static copy's allocation would:
+    the entry's capture stops there, the regions before it captured, the rest eager);
+    ``in_capture`` raises it inside the capture (as an allocation in the graph's pool would:
+    that region's capture fails, is warmed up and fails again, the later regions capture).
+    That chunk and every later one (steady chunks, the flush) must be exact against stock, the
+    failure recorded and counted, never a crash."""
+    from cadence_fx.runtime import device_work, graphs
+    with deterministic_protocol_restored():
+        dev = torch.device("cuda")
+        tail, opt = _cuda_model(23, n_timesteps=5, float16=dtype == "float16")
+        gate = threading.Event()
+        real = dropin_module.compile_executable
+        monkeypatch.setattr(dropin_module, "compile_executable", lambda *a, **k: gate.wait(300) and real(*a, **k))
+        _cuda_voice(tail, opt, 61)
+        assert isinstance(opt.session, PendingSession)
+        chunks = s2.synthetic_chunks(6, seed=61, final_tokens=13)
+        before = compare_streams(tail, opt, chunks[:1], dev, seed=611)
+        assert before["exact"], before["mismatches"]
+        gate.set()
+        assert opt.wait_for_builds(300)
+
+        deferred = []
+        with device_work.LOCK:  # chunk 1 runs eagerly (its capture deferred), as in session 48's run
+            held = threading.Thread(target=lambda: deferred.append(
+                compare_streams(tail, opt, chunks[1:2], dev, seed=612)))
+            held.start()
+            held.join()
+        assert deferred and deferred[0]["exact"], deferred
+
+        real_capture, real_run = graphs.CapturedRegion.capture, graphs.run_piece
+        captures, target, failing, injected = [], [], [False], []
+
+        def capture(self, *args, **kwargs):
+            captures.append(self.name)
+            if len(captures) - 1 == at:
+                target.append(self.name)
+                if how == "escapes":
+                    injected.append(self.name)
+                    raise torch.OutOfMemoryError("CUDA out of memory (injected before a region's capture)")
+            failing[0] = how == "in_capture" and self.name in target  # its warm retry fails too
+            return real_capture(self, *args, **kwargs)
+
+        def run_piece(piece, args):
+            if failing[0] and torch.cuda.is_current_stream_capturing():
+                injected.append("in capture")
+                raise torch.OutOfMemoryError("CUDA out of memory (injected inside a region's capture)")
+            return real_run(piece, args)
+
+        monkeypatch.setattr(graphs.CapturedRegion, "capture", capture)
+        monkeypatch.setattr(graphs, "run_piece", run_piece)
+        first = compare_streams(tail, opt, chunks[2:3], dev, seed=613)  # entry 2 is captured in this chunk
+        monkeypatch.setattr(graphs.CapturedRegion, "capture", real_capture)
+        monkeypatch.setattr(graphs, "run_piece", real_run)
+        assert len(captures) > at and injected, (captures, injected)
+        assert first["exact"], _mismatches(first, opt)
+        failures = opt.session.capture_failures[2]
+        assert failures and all("out of memory" in why.lower() for why in failures.values()), failures
+        report = compare_streams(tail, opt, chunks[3:], dev, seed=614)
+        assert report["exact"], _mismatches(report, opt)
+        assert report["pcm_sha256_stock"] == report["pcm_sha256_optimized"]
+        refused = [r for r in opt.stats()["fallbacks"] if r.startswith("region refused replay")]
+        assert refused, opt.stats()["fallbacks"]  # the regions left eager are counted, never hidden
+
+
+@cuda
 def test_on_cuda_a_voice_of_another_branch_class_is_traced_on_the_worker_and_replays_exactly():
     """The first voice (13 tokens: 26 + 49 frames divide by 25) traces the rarer branch class;
     the next voice's length (23 tokens) is outside that trace's guards, so its background
