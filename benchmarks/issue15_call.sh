@@ -25,6 +25,11 @@
 # failed with CUDA out of memory), and the script then hung at a bare `wait` (it waited for the
 # ticker too; fixed: it waits for the workers).  Do not start the suite beside the shards on an
 # 80 GB card: run the suite in a call of its own, or before this script in the same call.
+# Session 49: a second call found no .cfx (the device keeps only what the tracked .gitignore
+# ignores; .cfx was in .git/info/exclude alone, fixed: .gitignore names it).  Run the shards and
+# the traffic in one call (PREPARE_WORKERS=8 ... 570 --idle: shards ~160 s on an H100, then the
+# traffic loads their graphs); if it is cut, the same command without PREPARE_WORKERS on the
+# warm machine loads what is on disk and runs the traffic.
 # Run through the device tool with carry [".whl"]:
 #     [SEED=5] [PREPARE_WORKERS=8] bash benchmarks/issue15_call.sh <commit> [seconds, default 570] [--idle]
 # SEED (default 0): the traffic's seed; seed 5 sends three windows and flushes of a voice's other
