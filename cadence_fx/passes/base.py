@@ -192,6 +192,19 @@ class PassManager:
         return gm, results
 
 
+def lazy_graph_module_class() -> type:
+    """torch's lazy GraphModule where it has one: a module of it generates its Python code
+    once, when it first runs (or its ``code`` is read), not at construction or at every
+    ``recompile`` before that.  A partition's pieces (their code is generated at capture, or
+    never where a region's capture walks the graph) and a decoded runnable graph (a capacity
+    graph that lowering splits into pieces never runs as itself) use it."""
+    try:
+        from torch.fx._lazy_graph_module import _LazyGraphModule
+    except ImportError:  # pragma: no cover - older torch
+        return fx.GraphModule
+    return _LazyGraphModule
+
+
 def without_code(gm: fx.GraphModule) -> fx.GraphModule:
     """Mark ``gm``'s Python code as not generated: its ``forward`` (code of an earlier graph,
     or none) raises until ``recompile()``, which replaces it.  For a module only read,

@@ -27,7 +27,7 @@ import torch.fx as fx
 
 from .. import step as meta
 from ..errors import PassError
-from .base import CadencePass, PassResult, by_op, call_summary, copy_node, is_view, returns_written
+from .base import CadencePass, PassResult, by_op, call_summary, copy_node, is_view, lazy_graph_module_class, returns_written
 from .capacity_ops import DEVICE_SIZE, FAITHFUL, MASKED_ATTENTION, MASKED_COPY, OFFSET_CAT, TO_CAPACITY, host_size
 from .capacity_plan import _MODE, EXACT
 
@@ -305,16 +305,6 @@ def _alias_returned_constants(gm: fx.GraphModule) -> None:
         gm.recompile()
 
 
-def _graph_module_class() -> type:
-    """torch's lazy GraphModule where it has one: a piece generates its Python code once,
-    when it first runs (at capture), not at every ``recompile`` before that."""
-    try:
-        from torch.fx._lazy_graph_module import _LazyGraphModule
-    except ImportError:  # pragma: no cover - older torch
-        return fx.GraphModule
-    return _LazyGraphModule
-
-
 def _state_spans(gm: fx.GraphModule, part: dict[fx.Node, int]) -> dict:
     """Each ``_enter_autocast`` and ``_set_grad_enabled`` node -> (first piece, last piece
     it is in force in, its ``_exit_autocast`` or None), in graph order."""
@@ -368,7 +358,7 @@ def split_in_order(gm: fx.GraphModule, part: dict[fx.Node, int],
     nodes the parent reads and hands to the pieces that use them as arguments instead
     (a repeated call's small per-call constants, ``Partition(calls_apart=True)``).
     """
-    cls = _graph_module_class()
+    cls = lazy_graph_module_class()
     pieces: dict[int, list[fx.Node]] = {}
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "output", "get_attr"):

@@ -37,7 +37,7 @@ import torch.fx as fx
 
 from ..errors import CadenceError
 from .. import step as meta
-from ..passes.base import add_node, fake_tensor
+from ..passes.base import add_node, fake_tensor, lazy_graph_module_class
 from ..passes.specialize import module_without_code
 from ..passes.trace_symbolic import SymbolicStep
 from ..step import Role
@@ -267,8 +267,8 @@ def decode_graph(record: Mapping[str, Any], modules: Mapping[str, torch.nn.Modul
                  live: "Mapping[str, torch.Tensor] | None" = None) -> fx.GraphModule:
     """The graph ``record`` (``encode_graph``'s) holds, its constants bound to ``modules``' live
     tensors, each recorded value a fake tensor again (one ``FakeTensorMode`` for the graph).
-    ``runnable``: its Python code generated (else, as a symbolic step needs, none:
-    ``module_without_code``); ``given``: the constants ``encode_graph`` was told not to store;
+    ``runnable``: a module that can run, its Python code generated when it first runs
+    (``lazy_graph_module_class``; else, as a symbolic step needs, none: ``module_without_code``); ``given``: the constants ``encode_graph`` was told not to store;
     ``live``: ``tensor_paths(modules)``, where the caller has it already."""
     live, given = tensor_paths(modules) if live is None else live, dict(given or {})
     root = torch.nn.Module()
@@ -291,7 +291,7 @@ def decode_graph(record: Mapping[str, Any], modules: Mapping[str, torch.nn.Modul
             node.meta["val"] = fakes.value(node_meta["val"])
         env[name] = node
     graph.lint()
-    return fx.GraphModule(root, graph) if runnable else module_without_code(root, graph)
+    return lazy_graph_module_class()(root, graph) if runnable else module_without_code(root, graph)
 
 
 class _Fakes:

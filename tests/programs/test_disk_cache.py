@@ -382,3 +382,29 @@ def test_an_executable_keeps_no_reference_to_the_arena_it_was_traced_on(tmp_path
     assert held == []
     # and a session on it still runs exactly (the arena inputs are its own arena's)
     _exact(model, adapter, exe, 5)
+
+
+def test_a_decoded_runnable_graph_generates_its_code_when_it_first_runs_and_computes_the_same(monkeypatch):
+    """``decode_graph(runnable=True)`` (a capacity graph, a folded-constant recipe) builds no
+    Python code at decode: under SRc a loaded capacity graph is split into pieces and never
+    runs as itself (a restart's load took 0.65x as long without it, session 49).  Called,
+    it generates its code then and gives the original's bits."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from cadence_fx.passes.base import lazy_graph_module_class
+    from cadence_fx.programs.serialize import decode_graph, encode_graph
+    if lazy_graph_module_class() is torch.fx.GraphModule:
+        pytest.skip("this torch has no lazy GraphModule")
+    model = torch.nn.Linear(4, 3)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        gm = make_fx(lambda t: torch.nn.functional.gelu(model(t)) * 2, pre_dispatch=True)(x)
+        expected = gm(x)
+    record = encode_graph(gm, {"model": model})
+    generated = []
+    real = torch.fx.Graph.python_code
+    monkeypatch.setattr(torch.fx.Graph, "python_code", lambda self, *a, **k: generated.append(1) or real(self, *a, **k))
+    decoded = decode_graph(record, {"model": model}, runnable=True)
+    assert not generated, "decode_graph generated Python code for a graph that may never run as itself"
+    with torch.no_grad():
+        got = decoded(x)
+    assert generated and torch.equal(got, expected)
