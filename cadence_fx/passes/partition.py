@@ -27,7 +27,8 @@ import torch.fx as fx
 
 from .. import step as meta
 from ..errors import PassError
-from .base import CadencePass, PassResult, by_op, call_summary, copy_node, is_view, lazy_graph_module_class, returns_written
+from .base import (CadencePass, PassResult, by_op, call_summary, copy_node, is_view, lazy_graph_module_class,
+                   returns_written)
 from .capacity_ops import DEVICE_SIZE, FAITHFUL, MASKED_ATTENTION, MASKED_COPY, OFFSET_CAT, TO_CAPACITY, host_size
 from .capacity_plan import _MODE, EXACT
 

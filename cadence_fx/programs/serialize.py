@@ -268,7 +268,8 @@ def decode_graph(record: Mapping[str, Any], modules: Mapping[str, torch.nn.Modul
     """The graph ``record`` (``encode_graph``'s) holds, its constants bound to ``modules``' live
     tensors, each recorded value a fake tensor again (one ``FakeTensorMode`` for the graph).
     ``runnable``: a module that can run, its Python code generated when it first runs
-    (``lazy_graph_module_class``; else, as a symbolic step needs, none: ``module_without_code``); ``given``: the constants ``encode_graph`` was told not to store;
+    (``lazy_graph_module_class``; else, as a symbolic step needs, none:
+    ``module_without_code``); ``given``: the constants ``encode_graph`` was told not to store;
     ``live``: ``tensor_paths(modules)``, where the caller has it already."""
     live, given = tensor_paths(modules) if live is None else live, dict(given or {})
     root = torch.nn.Module()

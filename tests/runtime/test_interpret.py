@@ -16,7 +16,7 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from cadence_fx.passes.partition import _graph_module_class
+from cadence_fx.passes.base import lazy_graph_module_class
 from cadence_fx.runtime.interpret import has_code, run_graph_module, run_piece
 
 
@@ -36,7 +36,7 @@ def _inputs(seed=0):
 def _traced():
     with torch.no_grad():
         gm = make_fx(_step, pre_dispatch=True)(*_inputs())
-    return _graph_module_class()(gm, gm.graph)  # lazy: no code until it first runs
+    return lazy_graph_module_class()(gm, gm.graph)  # lazy: no code until it first runs
 
 
 def _run_both(gm, run):
@@ -79,7 +79,7 @@ def test_every_kind_of_node_and_a_placeholder_after_a_constant():
     first = g.call_function(operator.getitem, (z, (slice(None), slice(0, 2))))
     g.call_function(torch.ops.aten.add.Tensor, (z, 1))  # no user: made, then released at once
     g.output({"z": z, "pair": (first, [table])})
-    gm = _graph_module_class()(root, g)
+    gm = lazy_graph_module_class()(root, g)
     x = torch.randn(3, 4)
     walked = run_graph_module(gm, (x,))
     coded = gm(x)
@@ -115,7 +115,7 @@ def _release_graph(keep: bool) -> fx.GraphModule:
     b = g.call_function(torch.add, (a, 1))  # a's last use unless keep
     p = g.call_function(_probe, (b,))
     g.output((p, a) if keep else p)
-    return _graph_module_class()(torch.nn.Module(), g)
+    return lazy_graph_module_class()(torch.nn.Module(), g)
 
 
 @pytest.mark.parametrize("keep", [False, True])
