@@ -22,7 +22,7 @@ from .capacity_executable import CapacityExecutable, SharedGraph, _label, _shape
 from .compiler import program_kind
 from .errors import CadenceError, SpecializationRefused
 from .passes.capacity import check_dims
-from .passes.capacity_ops import _guards, size_at
+from .passes.capacity_ops import _guards, sizes_function
 from .runtime import device_work
 from .runtime.variants import VariantBusy, VariantKey, VariantRefused
 
@@ -126,6 +126,11 @@ def serving(plan, sym) -> Callable[[Mapping[str, int]], bool]:
     names = tuple(str(sym.symbols[d]) for d in sym.dims)
     fns = _guard_functions(names, tuple(str(g) for g in sym.guards))
     caps = [int(plan.capacity[d]) for d in sym.dims]
+    try:  # the extents as one function (``sizes_function``), and their sizes at the capacity once
+        extents = sizes_function(tuple(plan.extents), names)
+        at_caps = _ints(extents(*caps))
+    except Exception:  # noqa: BLE001 - not readable so: check_dims decides every length
+        fns = None
 
     def slow(dims) -> bool:
         try:
@@ -140,10 +145,16 @@ def serving(plan, sym) -> Callable[[Mapping[str, int]], bool]:
             return slow(dims)
         try:
             return all(bool(f(*values)) for f in fns) and all(
-                0 <= size_at(t, names, *values) <= size_at(t, names, *caps) for t in plan.extents)
+                0 <= v <= c for v, c in zip(_ints(extents(*values)), at_caps))
         except Exception:  # noqa: BLE001 - one Python cannot evaluate: check_dims decides
             return slow(dims)
     return serves
+
+
+def _ints(sizes: tuple) -> tuple:
+    if any(type(v) is not int for v in sizes):
+        raise ValueError(f"sizes {sizes} are not all ints")
+    return sizes
 
 
 @functools.lru_cache(maxsize=256)

@@ -609,3 +609,24 @@ def test_a_step_with_its_chunk_length_bound_then_held_at_a_capacity_in_its_promp
         bind_dims(sym, {"q": 1})  # the trace's own guard: q >= 2
     with pytest.raises(SpecializationRefused, match="all of them: specialize"):
         bind_dims(sym, {"p": 6, "q": 5})
+
+
+def test_sizes_function_computes_what_size_at_computes_for_every_size():
+    """``capacity_ops.sizes_function`` (the prepare's reports read every extent at every prompt
+    length through it) gives ``size_at``'s value for each text at each binding, ints as they
+    are (a float is left for the caller to refuse, as ``size_at`` refuses it), and refuses
+    symbol names that are not Python names."""
+    from cadence_fx.passes.capacity_ops import size_at, sizes_function
+    texts = ("2*s0 + 99", "s0 + s1", "(s0 + 99)//25", "-s1 + 3*s0", "max(s0, s1) - 1")
+    names = ("s0", "s1")
+    f = sizes_function(texts, names)
+    for values in [(0, 0), (1, 7), (176, 3), (500, 28), (13, 999)]:
+        got = f(*values)
+        assert got == tuple(size_at(t, names, *values) for t in texts), values
+        assert all(type(v) is int for v in got)
+    assert sizes_function((), names)(5, 6) == ()
+    assert sizes_function(("s0 / 2",), names)(5, 6) == (2.5,)  # not an int: the caller refuses it
+    with pytest.raises(ValueError, match="not an int"):
+        size_at("s0 / 2", names, 5, 6)
+    with pytest.raises(ValueError, match="not Python names"):
+        sizes_function(("1",), ("s-0",))
