@@ -23,10 +23,7 @@ Usage: python benchmarks/oom_capture_probe.py [--parallel N] > report.json
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import json
-import os
-import subprocess
 import sys
 import threading
 
@@ -105,19 +102,8 @@ def main() -> None:
     if a.case:
         print(json.dumps(run_case(a.case[0], None if a.case[1] == "none" else int(a.case[1])), default=str))
         return
-    cases = [(d, h) for d in DTYPES for h in HEADROOMS_MIB]
-
-    def one(case):
-        d, h = case
-        out = subprocess.run([sys.executable, __file__, "--case", d, "none" if h is None else str(h)],
-                             capture_output=True, text=True, env=os.environ)
-        try:
-            return json.loads(out.stdout.strip().splitlines()[-1])
-        except (IndexError, json.JSONDecodeError):
-            return {"dtype": d, "headroom_mib": h, "failed": out.stderr[-800:]}
-
-    with concurrent.futures.ThreadPoolExecutor(a.parallel) as pool:
-        results = list(pool.map(one, cases))
+    from oom_kernels import run_cases  # (this script's folder is on the path when it runs)
+    results = run_cases(__file__, DTYPES, HEADROOMS_MIB, a.parallel)
     print(json.dumps(results, indent=1))
     for r in results:
         print(r["dtype"], r["headroom_mib"], "reproduced:", r.get("reproduced"), "failed:" if "failed" in r else "",

@@ -80,6 +80,24 @@ def run_case(dtype: str, headroom: int | None) -> dict:
             "cudnn": torch.backends.cudnn.version(), "chunks": rows}
 
 
+def run_cases(script: str, dtypes: tuple, headrooms: tuple, parallel: int) -> list:
+    """Each (dtype, headroom) case of ``script`` in a process of its own (``script --case DTYPE
+    HEADROOM_MIB``: its last stdout line a JSON report), ``parallel`` at a time; a process that
+    printed none gives ``{"dtype", "headroom_mib", "failed": the end of its stderr}``.  Shared
+    with ``oom_capture_probe.py``."""
+    def one(case):
+        d, h = case
+        out = subprocess.run([sys.executable, script, "--case", d, "none" if h is None else str(h)],
+                             capture_output=True, text=True, env=os.environ)
+        try:
+            return json.loads(out.stdout.strip().splitlines()[-1])
+        except (IndexError, json.JSONDecodeError):
+            return {"dtype": d, "headroom_mib": h, "failed": out.stderr[-800:]}
+
+    with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
+        return list(pool.map(one, [(d, h) for d in dtypes for h in headrooms]))
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--case", nargs=2, metavar=("DTYPE", "HEADROOM_MIB"))
@@ -88,19 +106,7 @@ def main() -> None:
     if a.case:
         print(json.dumps(run_case(a.case[0], None if a.case[1] == "none" else int(a.case[1]))))
         return
-    cases = [(d, h) for d in DTYPES for h in HEADROOMS_MIB]
-
-    def one(case):
-        d, h = case
-        out = subprocess.run([sys.executable, __file__, "--case", d, "none" if h is None else str(h)],
-                             capture_output=True, text=True, env=os.environ)
-        try:
-            return json.loads(out.stdout.strip().splitlines()[-1])
-        except (IndexError, json.JSONDecodeError):
-            return {"dtype": d, "headroom_mib": h, "failed": out.stderr[-600:]}
-
-    with concurrent.futures.ThreadPoolExecutor(a.parallel) as pool:
-        results = list(pool.map(one, cases))
+    results = run_cases(__file__, DTYPES, HEADROOMS_MIB, a.parallel)
     for r in results:  # the verdict: chunks against the uncapped run of the same dtype
         clean = next((c for c in results if c["dtype"] == r["dtype"] and c["headroom_mib"] is None), None)
         if r["headroom_mib"] is None or "chunks" not in r or clean is None or "chunks" not in clean:

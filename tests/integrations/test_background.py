@@ -381,6 +381,36 @@ def test_the_fence_lets_a_symbolic_trace_through_and_its_random_ops_draw_nothing
                       type(torch.random.fork_rng([])))  # the foreground forks
 
 
+def _cuda_to_the_capture_chunk(dtype: str, monkeypatch):
+    """The released tail under SRc with background builds (a 23-token first voice), then a
+    61-token voice whose build is held: chunk 0 runs eagerly (exact), the build lands, chunk 1
+    runs eagerly with its capture deferred (a build holds the device), exact.  Returns
+    ``(tail, opt, chunks, dev)``: chunk 2 captures entry 2 mid-stream."""
+    from cadence_fx.runtime import device_work
+    dev = torch.device("cuda")
+    tail, opt = _cuda_model(23, n_timesteps=5, float16=dtype == "float16")
+    assert not isinstance(opt.session, PendingSession)
+    gate = threading.Event()
+    real = dropin_module.compile_executable
+    monkeypatch.setattr(dropin_module, "compile_executable", lambda *a, **k: gate.wait(300) and real(*a, **k))
+    _cuda_voice(tail, opt, 61)
+    assert isinstance(opt.session, PendingSession)
+    chunks = s2.synthetic_chunks(6, seed=61, final_tokens=13)
+    before = compare_streams(tail, opt, chunks[:1], dev, seed=611)
+    assert before["exact"], before["mismatches"]
+    gate.set()
+    assert opt.wait_for_builds(300)
+    deferred = []
+    with device_work.LOCK:  # as if another voice's build were running: the capture waits a chunk
+        held = threading.Thread(target=lambda: deferred.append(
+            compare_streams(tail, opt, chunks[1:2], dev, seed=612)))
+        held.start()
+        held.join()
+    assert deferred and deferred[0]["exact"], deferred
+    assert [c["route"] for c in deferred[0]["per_chunk"]] == [f"fallback: {device_work.DEFERRED}"]
+    return tail, opt, chunks, dev
+
+
 @cuda
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_on_cuda_each_entry_is_captured_when_a_chunk_first_needs_it_and_replays_exactly(dtype, monkeypatch):
@@ -390,29 +420,7 @@ def test_on_cuda_each_entry_is_captured_when_a_chunk_first_needs_it_and_replays_
     is tried again at the next chunk."""
     from cadence_fx.runtime import device_work
     with deterministic_protocol_restored():
-        dev = torch.device("cuda")
-        tail, opt = _cuda_model(23, n_timesteps=5, float16=dtype == "float16")
-        assert not isinstance(opt.session, PendingSession)
-
-        gate = threading.Event()
-        real = dropin_module.compile_executable
-        monkeypatch.setattr(dropin_module, "compile_executable",
-                            lambda *a, **k: gate.wait(300) and real(*a, **k))
-        _cuda_voice(tail, opt, 61)
-        assert isinstance(opt.session, PendingSession)
-        chunks = s2.synthetic_chunks(6, seed=61, final_tokens=13)
-        before = compare_streams(tail, opt, chunks[:1], dev, seed=611)
-        assert before["exact"], before["mismatches"]
-        gate.set()
-        assert opt.wait_for_builds(300)
-        deferred = []
-        with device_work.LOCK:  # as if another voice's build were running: the capture waits a chunk
-            held = threading.Thread(target=lambda: deferred.append(
-                compare_streams(tail, opt, chunks[1:2], dev, seed=612)))
-            held.start()
-            held.join()
-        assert deferred and deferred[0]["exact"], deferred
-        assert [c["route"] for c in deferred[0]["per_chunk"]] == [f"fallback: {device_work.DEFERRED}"]
+        tail, opt, chunks, dev = _cuda_to_the_capture_chunk(dtype, monkeypatch)
         report = compare_streams(tail, opt, chunks[2:], dev, seed=613)
         assert report["exact"], _mismatches(report, opt)
         assert report["pcm_sha256_stock"] == report["pcm_sha256_optimized"]
@@ -437,29 +445,9 @@ def test_on_cuda_a_mid_stream_capture_cut_by_out_of_memory_leaves_every_chunk_ex
     that region's capture fails, is warmed up and fails again, the later regions capture).
     That chunk and every later one (steady chunks, the flush) must be exact against stock, the
     failure recorded and counted, never a crash."""
-    from cadence_fx.runtime import device_work, graphs
+    from cadence_fx.runtime import graphs
     with deterministic_protocol_restored():
-        dev = torch.device("cuda")
-        tail, opt = _cuda_model(23, n_timesteps=5, float16=dtype == "float16")
-        gate = threading.Event()
-        real = dropin_module.compile_executable
-        monkeypatch.setattr(dropin_module, "compile_executable", lambda *a, **k: gate.wait(300) and real(*a, **k))
-        _cuda_voice(tail, opt, 61)
-        assert isinstance(opt.session, PendingSession)
-        chunks = s2.synthetic_chunks(6, seed=61, final_tokens=13)
-        before = compare_streams(tail, opt, chunks[:1], dev, seed=611)
-        assert before["exact"], before["mismatches"]
-        gate.set()
-        assert opt.wait_for_builds(300)
-
-        deferred = []
-        with device_work.LOCK:  # chunk 1 runs eagerly (its capture deferred), as in session 48's run
-            held = threading.Thread(target=lambda: deferred.append(
-                compare_streams(tail, opt, chunks[1:2], dev, seed=612)))
-            held.start()
-            held.join()
-        assert deferred and deferred[0]["exact"], deferred
-
+        tail, opt, chunks, dev = _cuda_to_the_capture_chunk(dtype, monkeypatch)  # as in session 48's run
         real_capture, real_run = graphs.CapturedRegion.capture, graphs.run_piece
         captures, target, failing, injected = [], [], [False], []
 
