@@ -282,7 +282,6 @@ class PendingSession(Session):
         self._eager_reason: str | None = WAITING  # None once the programs may run
         self._taken_at_step: int | None = None
         self._first_program_at_step: int | None = None  # when the first landed entry was taken
-        self._entry_failures: dict[int, str] = {}  # entry -> why its capture failed (eager from then on)
 
     def step(self, inputs: Mapping[str, torch.Tensor], **flags: Any) -> dict[str, torch.Tensor]:
         try:
@@ -337,19 +336,7 @@ class PendingSession(Session):
             return self._eager_reason or WAITING
         if self._eager_reason not in (None, WAITING):  # the build failed or was not taken
             return self._eager_reason
-        why = super()._admit(entry, inputs)
-        if why is not None or self._programs is None or entry.index in self._programs:
-            return why
-        return self._try_capture(entry.index, inputs)
-
-    def _try_capture(self, index: int, inputs: Mapping[str, torch.Tensor]) -> str | None:
-        """Capture entry ``index`` (not captured here yet) now unless a build holds the
-        device (``device_work.DEFERRED``: never wait for it) or its capture failed before
-        (that reason); None once captured."""
-        if index in self._entry_failures:
-            return self._entry_failures[index]
-        with device_work.try_held() as free:
-            return self._capture_entry(index, inputs) if free else device_work.DEFERRED
+        return super()._admit(entry, inputs)  # captured here first where it is not yet (runtime/midstream.py)
 
     @torch.no_grad()  # as prepare_replay; the family wrappers (StreamSession.idle) add inference mode, as their steps
     def idle(self, seconds: float | None = None) -> list[int]:
@@ -369,41 +356,14 @@ class PendingSession(Session):
         with self._exclusive("idle"):
             self._check_usable("idle")
             self._before_step()
-            if self._programs is None or self._example_inputs is None or self._eager_reason not in (None, WAITING):
+            if self._eager_reason not in (None, WAITING):
                 return done
-            for index in sorted(self.executable.programs):
-                if index in self._programs:
-                    continue
-                if seconds is not None and time.perf_counter() - t0 >= seconds:
-                    break
-                why = self._try_capture(index, self._example_inputs)
-                if why == device_work.DEFERRED:
-                    break
-                if why is None:
-                    done.append(index)
+            done = self._capture_idle(seconds, t0)
             self._idle_captured.extend(done)
             self._work_ahead(time_left(seconds, t0))  # then the executable's work ahead of later chunks
             self._idle_s += time.perf_counter() - t0
         collector.collect_if_due(time_left(seconds, t0))  # a due full collection, where the budget allows
         return done
-
-    def _capture_entry(self, index: int, inputs: Mapping[str, torch.Tensor]) -> str | None:
-        """Capture entry ``index``'s graphs on this arena now (the live state saved and put back),
-        on this session's own capture stream (warmed up first where it is cold: ``Session._must_warm_up``)."""
-        t0 = time.perf_counter()
-        self._own_capture_stream()  # no other live session's (runtime/streams.py)
-        program = self.executable.programs[index]
-        try:
-            parent, failed, error = self._capture_mid_stream(program, inputs)
-        finally:
-            self._stats.setup.capture_s += time.perf_counter() - t0
-        if error is not None:  # never a crash mid-stream: this entry runs eagerly in this session
-            self.capture_failures[index] = {"*": error}
-            self._entry_failures[index] = f"entry {index} not captured: {error}"
-            return self._entry_failures[index]
-        self.capture_failures[index] = failed  # {} where every region captured (as prepare_replay records)
-        self._programs[index] = dataclasses.replace(program, run=parent)
-        return None
 
     def stats(self) -> dict[str, Any]:
         """``Session.stats()`` plus ``background``: ``taken`` (the executable is this

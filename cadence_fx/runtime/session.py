@@ -40,6 +40,7 @@ from .arena import Arena, copy_strided
 from .counters import SessionStats, SetupTimes
 from .executable import EntryProgram, Executable
 from .gate import AdmissionGate, input_mismatch, validate_inputs
+from .midstream import MidStreamCapture, Recaptures
 from .snapshot import SessionSnapshot
 from .variants import VariantKey, VariantRefused
 
@@ -59,7 +60,7 @@ def time_left(seconds: float | None, since: float) -> float | None:
     return None if seconds is None else seconds - (time.perf_counter() - since)
 
 
-class Session:
+class Session(MidStreamCapture):
     """One stream: its arena, its clock position and its counters.
 
     ``step(inputs, **flags)`` returns the step's outputs (fresh tensors the caller
@@ -93,6 +94,9 @@ class Session:
         self._capture_stream, self._give_stream = None, None  # its own (runtime/streams.py), given back at close
         self._warmed = False  # a capture of this session ran (``_must_warm_up``: a CPU fake has no stream to ask)
         self._rng = None  # prepare_replay's GraphRng: the generator state this session's graphs draw from
+        self._example_inputs: Mapping[str, torch.Tensor] | None = None  # what idle() captures an entry on
+        self._entry_failures: dict[int, str] = {}  # entry -> why its capture raised (eager from then on)
+        self._recaptures = Recaptures()  # captures memory cut short: captured again later (runtime/midstream.py)
 
     # ------------------------------------------------------------------ public
     @torch.no_grad()
@@ -101,8 +105,9 @@ class Session:
 
         Capture runs each entry once for real: the generators are forked so the caller's random
         stream is untouched, and the state is reset afterwards (``load_state`` sets it up).  Returns
-        per entry the regions whose capture failed (they run eagerly).  If capture raises (anything
-        but out of memory, which is recorded), the session keeps no graphs and is marked broken.
+        per entry the regions whose capture failed (they run eagerly; an entry out of memory cut short
+        is captured again later, ``runtime/midstream.py``).  If capture raises (anything but out of
+        memory, which is recorded), the session keeps no graphs and is marked broken.
         Its wall time is ``stats()["setup_s"]["capture_s"]``.
         """
         from .graphs import GraphPool, GraphRng, capture_entry, fresh_regions, reserve_copies
@@ -134,6 +139,7 @@ class Session:
                         except torch.OutOfMemoryError as e:  # capture must never crash a stream: the
                             # entry's uncaptured regions run eagerly, each step counted ("not captured")
                             failed[idx] = {"*": f"out of memory while capturing: {e}"}
+                        self._recaptures.note(idx, failed[idx])
                         programs[idx] = dataclasses.replace(program, run=parent)
                 self._reset_state()
             except BaseException as e:  # capture ran the entries on the arena: its bytes are undefined
@@ -142,6 +148,7 @@ class Session:
                 raise
             self._programs = programs
             self.capture_failures = failed
+            self._example_inputs = example_inputs
             self._stats.setup.capture_s = time.perf_counter() - t0  # stats(): capture_s
             return failed
 
@@ -243,7 +250,8 @@ class Session:
         ``specializations``: its policy, bounds, what it holds and refused, and what this session
         captured (seconds per label).  Under replay, ``graph_rng``: ``"session"`` (its graphs draw from
         a generator state of their own) or ``"default"`` (this PyTorch lacks the graph-safe generator
-        API); ``capture_retried``; ``graph_pools_renewed`` (fresh pools taken after failed captures,
+        API); ``capture_retried``; ``captured_again`` (per entry or label: captures an out of memory cut
+        short, made again, ``runtime/midstream.py``); ``graph_pools_renewed`` (fresh pools taken after failed captures,
         ``graphs.GraphPool``); ``static_copies``: the bytes its shared calls' copy buffers hold and how
         often one grew; ``capture_streams``: the process's (``runtime/streams.py``: made, free per device)."""
         out = self._stats.to_json()
@@ -251,6 +259,7 @@ class Session:
             out["graph_rng"] = "session" if self._rng is not None else "default"
             from .graphs import retried_regions
             out["capture_retried"] = retried_regions(self._programs, self._variant_programs)
+            out["captured_again"] = dict(self._recaptures.done)
             out["graph_pools_renewed"] = getattr(self._pool, "renewed", 0)
             copies = getattr(self._pool, "copies", None)
             out["static_copies"] = {"bytes": copies.held_bytes, "grown": copies.grown} if copies else {}
@@ -272,15 +281,16 @@ class Session:
         flush graphs held, at its length, and its own programs of shapes of another branch
         class, captured here under replay; then a full garbage collection that is due,
         ``collector.collect_if_due``).  ``seconds``: None (no bound) or the time to use,
-        checked between items (one item may run past it).  Returns the entries captured:
-        none here, where set-up captured every entry."""
+        checked between items (one item may run past it).  Returns the entries captured: here
+        only those memory cut short at set-up, once due again (``runtime/midstream.py``)."""
         check_idle_seconds(seconds)
         t0 = time.perf_counter()
         with self._exclusive("idle"):
             self._check_usable("idle")
+            done = self._capture_idle(seconds, t0)
             self._work_ahead(time_left(seconds, t0))
         collector.collect_if_due(time_left(seconds, t0))
-        return []
+        return done
 
     def _work_ahead(self, seconds: float | None) -> int:
         """(Inside ``_exclusive``.)  The executable's work ahead of later chunks (``Variants.work_ahead``),
@@ -293,7 +303,7 @@ class Session:
         t0 = time.perf_counter()
         done = variants.work_ahead(seconds)
         for key, program, inputs in variants.built_ahead() if self.gate is not None else ():
-            if program.kind != "cudagraph" or key in self._variant_programs:
+            if program.kind != "cudagraph" or (key in self._variant_programs and not self._recaptures.due(key)):
                 continue
             if seconds is not None and time.perf_counter() - t0 >= seconds:
                 break
@@ -395,59 +405,6 @@ class Session:
         mine, why = self._session_variant(key, program, inputs)
         return (None, why) if mine is None else ((key, mine), None)
 
-    def _session_variant(self, key: VariantKey, program: EntryProgram,
-                         inputs: Mapping[str, torch.Tensor]) -> tuple[EntryProgram | None, str | None]:
-        """This session's copy of a specialization: under replay, captured on its arena now
-        (the live state is copied out first and written back after: capture runs the step).
-        ``(None, why)`` where the capture failed (the chunk runs eagerly; not tried again)."""
-        held = self.executable.variants
-        for gone in [k for k in self._variant_programs if not held.holds(k)]:  # evicted: free its graphs
-            del self._variant_programs[gone]
-        if program.kind != "cudagraph":
-            return program, None
-        mine = self._variant_programs.get(key)
-        if mine is not None:
-            return (None, mine) if isinstance(mine, str) else (mine, None)
-        with device_work.try_held() as free:  # mid-stream: never wait for a background build
-            return self._capture_variant(key, program, inputs) if free else (None, device_work.DEFERRED)
-
-    def _capture_mid_stream(self, program: EntryProgram,
-                            inputs: Mapping[str, torch.Tensor]) -> tuple[Any, dict[str, str], str | None]:
-        """``graphs.capture_variant`` of ``program`` on this session's arena now, between two
-        chunks (the live state copied out first and written back after: capture runs the
-        step), into this session's pool with its generator state: ``(parent, failed, error)``."""
-        from .graphs import GraphPool, GraphRng, capture_variant
-        saved = {r: t.clone() for r, t in self._live_state().items()}
-        extents = dict(self.extents)
-        args = program.arguments(inputs, self.executable.inputs, self._capture_state_args(program))
-        if self._pool is None and self._expect_device.type == "cuda":
-            self._pool, self._rng = GraphPool(), GraphRng.for_device(self._expect_device)
-        stream = self._own_capture_stream() if self._expect_device.type == "cuda" else self._capture_stream
-        try:
-            with program.entered():
-                captured = capture_variant(program.run, args, self._pool, self._bound_storage(), stream,
-                                           self._expect_device, self._rng, warm_up=self._must_warm_up(stream))
-            if captured[2] is None:  # it ran (warmed up, or captured unwarmed): the stream is warm now
-                self._warmed_up(stream)
-            return captured
-        finally:  # capture ran the step on the arena: put the live state back (a failure here breaks it)
-            self._write_state(saved, extents)
-
-    def _capture_variant(self, key: VariantKey, program: EntryProgram,
-                         inputs: Mapping[str, torch.Tensor]) -> tuple[EntryProgram | None, str | None]:
-        t0 = time.perf_counter()
-        parent, failed, error = self._capture_mid_stream(program, inputs)
-        if error is not None:  # never a crash mid-stream: this key runs eagerly in this session
-            self.capture_failures[key.label()] = {"*": error}
-            self._variant_programs[key] = error
-            return None, error
-        if failed:
-            self.capture_failures[key.label()] = failed
-        mine = dataclasses.replace(program, run=parent)
-        self._variant_programs[key] = mine
-        self._variant_capture_s[key.label()] = round(time.perf_counter() - t0, 3)
-        return mine, None
-
     def _step_fallback(self, inputs: Mapping[str, torch.Tensor], flags: Mapping[str, Any],
                        reason: str) -> dict[str, torch.Tensor]:
         """``fallback`` on private copies of the live state: if it raises, or returns a
@@ -496,7 +453,8 @@ class Session:
         return {r: copy_strided(view) for r, view in self._live_state().items()}
 
     def _admit(self, entry: CatalogEntry, inputs: Mapping[str, torch.Tensor]) -> str | None:
-        return self.gate.check(entry, inputs, self.extents)
+        why = self.gate.check(entry, inputs, self.extents)
+        return why if why is not None or self._programs is None else self._entry_ready(entry.index, inputs)
 
     def _state_args(self, program: EntryProgram) -> list[torch.Tensor]:
         return [self.arena.full(n) for n in program.arena_inputs]

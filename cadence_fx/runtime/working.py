@@ -56,6 +56,7 @@ from ..plan import ArenaLayout
 from . import device_work, streams
 from .arena import Arena
 from .executable import EntryProgram, Executable
+from .midstream import cut_by_memory
 from .session import FallbackFn, Session
 
 
@@ -151,7 +152,7 @@ class WorkingArena:
                 if cuda:
                     streams.warmed(stream)
             self.capture_s += time.perf_counter() - t0
-            if got[2] is not None or any("out of memory" in why for why in got[1].values()):
+            if got[2] is not None or cut_by_memory(got[1]):
                 self.failed += 1  # not kept: the next call tries again
             else:
                 self._captured[program.run] = got

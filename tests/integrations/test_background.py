@@ -444,8 +444,10 @@ def test_on_cuda_a_mid_stream_capture_cut_by_out_of_memory_leaves_every_chunk_ex
     ``in_capture`` raises it inside the capture (as an allocation in the graph's pool would:
     that region's capture fails, is warmed up and fails again, the later regions capture).
     That chunk and every later one (steady chunks, the flush) must be exact against stock, the
-    failure recorded and counted, never a crash."""
-    from cadence_fx.runtime import graphs
+    failure recorded and counted, never a crash; the next chunk runs as captured (part-way), and
+    once ``OOM_RETRY_S`` have passed the next one captures entry 2 whole and replays it."""
+    from cadence_fx.runtime import graphs, midstream
+    from cadence_fx.runtime.variants import OOM_RETRY_S
     with deterministic_protocol_restored():
         tail, opt, chunks, dev = _cuda_to_the_capture_chunk(dtype, monkeypatch)  # as in session 48's run
         real_capture, real_run = graphs.CapturedRegion.capture, graphs.run_piece
@@ -476,11 +478,19 @@ def test_on_cuda_a_mid_stream_capture_cut_by_out_of_memory_leaves_every_chunk_ex
         assert first["exact"], _mismatches(first, opt)
         failures = opt.session.capture_failures[2]
         assert failures and all("out of memory" in why.lower() for why in failures.values()), failures
-        report = compare_streams(tail, opt, chunks[3:], dev, seed=614)
-        assert report["exact"], _mismatches(report, opt)
-        assert report["pcm_sha256_stock"] == report["pcm_sha256_optimized"]
+        part_way = compare_streams(tail, opt, chunks[3:4], dev, seed=614)  # before OOM_RETRY_S: as captured
+        assert part_way["exact"], _mismatches(part_way, opt)
+        assert part_way["per_chunk"][0]["route"].startswith("fallback: region refused replay")
         refused = [r for r in opt.stats()["fallbacks"] if r.startswith("region refused replay")]
         assert refused, opt.stats()["fallbacks"]  # the regions left eager are counted, never hidden
+        now = time.monotonic() + OOM_RETRY_S  # memory came back: the next chunk captures entry 2 whole
+        monkeypatch.setattr(midstream, "_now", lambda: now)
+        report = compare_streams(tail, opt, chunks[4:], dev, seed=615)
+        assert report["exact"], _mismatches(report, opt)
+        assert report["pcm_sha256_stock"] == report["pcm_sha256_optimized"]
+        routes = [c["route"] for c in report["per_chunk"]]
+        assert routes == ["replay entry 2"] * 2 + ["fallback: flags last_chunk outside the catalog (eager)"], routes
+        assert opt.session.capture_failures[2] == {} and opt.stats()["captured_again"] == {"2": 1}
 
 
 @cuda
