@@ -30,6 +30,8 @@
 # the traffic in one call (PREPARE_WORKERS=8 ... 570 --idle: shards ~160 s on an H100, then the
 # traffic loads their graphs); if it is cut, the same command without PREPARE_WORKERS on the
 # warm machine loads what is on disk and runs the traffic.
+# PREPARE_ONLY=1 (session 50): with PREPARE_WORKERS, stop after the shards (e.g. after the GPU suite in
+# the same call); the same command without either, on the warm machine, then runs the traffic.
 # Run through the device tool with carry [".whl"]:
 #     [SEED=5] [PREPARE_WORKERS=8] bash benchmarks/issue15_call.sh <commit> [seconds, default 570] [--idle]
 # SEED (default 0): the traffic's seed; seed 5 sends three windows and flushes of a voice's other
@@ -58,6 +60,9 @@ if [ "$W" -gt 0 ]; then  # processes sharing .cfx each build a shard of the shap
   done
   wait "${pids[@]}"  # the workers only (a bare `wait` would wait for the ticker, which never ends)
   echo "prepare workers ($W) done at $((SECONDS-start)) s"
+  if [ -n "${PREPARE_ONLY:-}" ]; then  # the traffic in a later call on the warm machine (it loads .cfx)
+    kill $ticker 2>/dev/null; (cd /tmp && tar czf $OUT/r.tgz r); exit 0
+  fi
 fi
 if [ -n "${WAIT_FOR:-}" ]; then  # a job beside the preparing (the GPU suite) ends before the timed traffic
   while [ ! -e "$WAIT_FOR" ] && [ $((SECONDS - start)) -lt $LIMIT ]; do sleep 2; done
