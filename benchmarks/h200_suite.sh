@@ -5,7 +5,11 @@
 # protocol (tests/conftest.py fixes cuBLAS's workspace), and leaves in $OUT: gpu.txt (GPU, driver,
 # torch, date, commit), pytest-cuda.log, and suite.tgz (every verify report the tests kept).
 # Exits non-zero when pytest fails or when any process aborted, even after its tests passed.
-# Usage: COMMIT=<sha> [CADENCE_CELLS=...] [WORKERS=12] bash benchmarks/h200_suite.sh [pytest args...]
+# Usage: COMMIT=<sha> [CADENCE_CELLS=...] [WORKERS=8] bash benchmarks/h200_suite.sh [pytest args...]
+# Session fifty (an H100, 78 tests): 10 workers ran the card out of memory (14 failures) and past a
+# 300-s limit; 8 workers ran its two halves in 94 s and 255 s.  Run it in a call of its own with the
+# default limit (560 s), never beside other GPU work, and start the next call at once: a machine
+# left idle 30 s goes back (a fresh one has no .cfx).
 set -uo pipefail
 out=${OUT:?set OUT to the folder that comes back}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -14,7 +18,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
   python3 -c "import torch, sys; print('torch', torch.__version__, 'python', sys.version.split()[0])"
   echo "commit ${COMMIT:-unknown}"; date -u +%Y-%m-%dT%H:%M:%SZ; } > "$out/gpu.txt"
 rm -rf /tmp/suite; mkdir -p /tmp/suite  # a warm machine keeps /tmp: no failure or report of an earlier call
-CADENCE_RESULTS_DIR=/tmp/suite timeout "${SUITE_TIMEOUT:-560}" python3 -m pytest -m cuda tests -n "${WORKERS:-12}" --durations=40 -rs \
+CADENCE_RESULTS_DIR=/tmp/suite timeout "${SUITE_TIMEOUT:-560}" python3 -m pytest -m cuda tests -n "${WORKERS:-8}" --durations=40 -rs \
   -p no:cacheprovider "$@" 2>&1 | tee "$out/pytest-cuda.log"
 rc=${PIPESTATUS[0]}
 [ -f /tmp/suite/failures.txt ] && cp /tmp/suite/failures.txt "$out/failures.txt"  # each failure as reported
