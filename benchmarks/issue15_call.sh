@@ -30,8 +30,10 @@
 # the traffic in one call (PREPARE_WORKERS=8 ... 570 --idle: shards ~160 s on an H100, then the
 # traffic loads their graphs); if it is cut, the same command without PREPARE_WORKERS on the
 # warm machine loads what is on disk and runs the traffic.
-# PREPARE_ONLY=1 (session 50): with PREPARE_WORKERS, stop after the shards (e.g. after the GPU suite in
-# the same call); the same command without either, on the warm machine, then runs the traffic.
+# PREPARE_ONLY=1 (session 50): with PREPARE_WORKERS, stop after the shards; the same command without
+# either, on the warm machine, then runs the traffic.  Session 50 did that after the GPU suite and
+# the next call got a fresh machine (status had said warm): no .cfx, a 493-s serial prepare, cut.
+# Prefer the shards and the traffic in one call, the suite in a call of its own.
 # Run through the device tool with carry [".whl"]:
 #     [SEED=5] [PREPARE_WORKERS=8] bash benchmarks/issue15_call.sh <commit> [seconds, default 570] [--idle]
 # SEED (default 0): the traffic's seed; seed 5 sends three windows and flushes of a voice's other
