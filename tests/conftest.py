@@ -8,9 +8,14 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 # worker runs one torch thread, so the workers do not contend for the cores; set before
 # torch is imported, and inherited by the CLI subprocesses the tests start.  Every test
 # compares stock and optimized in one process, at one thread count.
+# Inductor (moshi compiles its rope on CUDA: tests/tools/test_bench_mimi.py) compiles in the
+# worker itself, not in a pool of subprocesses that each hold a CUDA context for the worker's life
+# (session fifty: 7 processes of 1.1 GiB that were not the GPU suite's workers helped run the
+# card out of memory; perhaps those, not confirmed).
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"
     os.environ["MKL_NUM_THREADS"] = "1"
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     import sys
     if "torch" in sys.modules:  # imported already (by a plugin): set it directly too
         sys.modules["torch"].set_num_threads(1)
