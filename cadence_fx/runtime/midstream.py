@@ -20,7 +20,9 @@ Never a crash mid-stream, never a wrong chunk:
   session closes, a collection runs), so it is captured whole again once
   ``OOM_RETRY_S`` have passed (``Recaptures``): by the first chunk that needs it then,
   or by ``idle``.  An entry set-up could not capture for memory is captured again the
-  same way.  ``stats()["captured_again"]`` counts those captures, per entry or label.
+  same way (with shared captures, on the working arena, which kept nothing of the failed
+  capture: ``runtime/working.py``).  ``stats()["captured_again"]`` counts those captures,
+  per entry or label.
 
 Only while no build holds the device (``device_work.try_held``): else the chunk runs
 as it would have (eagerly, counted ``device_work.DEFERRED``, or on what it captured

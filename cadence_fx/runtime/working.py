@@ -208,6 +208,7 @@ class WorkingSession(Session):
             for idx, program in sorted(self.executable.programs.items()):
                 parent, regions, error = self.working.capture(program, example_inputs, self.executable.inputs)
                 failed[idx] = {"*": error} if error is not None else dict(regions)
+                self._recaptures.note(idx, failed[idx])  # out of memory: captured there again later
                 programs[idx] = dataclasses.replace(program, run=parent)
             self._pool, self._rng = self.working.pool, self.working.rng
             self._programs = programs

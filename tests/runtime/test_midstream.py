@@ -164,3 +164,26 @@ def test_an_off_catalog_capture_cut_by_memory_runs_part_way_then_is_captured_aga
     assert route.startswith("replay") and label in route and run.session._recaptures.done == {label: 1}, route
     assert label not in run.session.capture_failures
     assert run.step(short[3]) == route  # it stays captured
+
+
+def test_a_working_sessions_entry_the_working_arena_could_not_capture_is_captured_there_again(clock, monkeypatch):
+    """Shared captures (``runtime/working.py``): the working arena's capture of entry 2 runs out
+    of memory at the first session's set-up (not kept there); that session's entry-2 chunks run
+    part-way until ``OOM_RETRY_S`` have passed, then the next one captures it on the working
+    arena and replays it; a session opened after that finds it held.  Every step exact."""
+    from cadence_fx.runtime.working import WorkingArena
+    fail = [False]
+    _oom_at(monkeypatch, lambda n: n == 2 or fail[0])
+    adapter = ToyAdapter(make_toy(4), 2)
+    exe = compiler.compile_executable(adapter, "SRc")
+    exe.working = WorkingArena(exe.plan.layout, torch.device("cpu"))
+    run = Lockstep(adapter, exe)
+    assert midstream.cut_by_memory(run.session.capture_failures[2]) and not exe.working.holds(exe.programs[2])
+    xs = toy_inputs(6, seed=7)
+    assert [run.step(x) for x in xs[:3]] == ["replay entry 0", "replay entry 1", REFUSED]
+    clock[0] = OOM_RETRY_S
+    assert run.step(xs[3]) == "replay entry 2" and run.session._recaptures.done == {"2": 1}
+    assert exe.working.holds(exe.programs[2]) and not run.session.capture_failures.get(2)
+    later = Lockstep(adapter, exe)
+    assert later.session.capture_failures == {}
+    assert [later.step(x) for x in xs[:4]] == ["replay entry 0", "replay entry 1"] + ["replay entry 2"] * 2
