@@ -453,8 +453,11 @@ class Session(MidStreamCapture):
         return {r: copy_strided(view) for r, view in self._live_state().items()}
 
     def _admit(self, entry: CatalogEntry, inputs: Mapping[str, torch.Tensor]) -> str | None:
-        why = self.gate.check(entry, inputs, self.extents)
+        why = self._gate_check(entry, inputs)
         return why if why is not None or self._programs is None else self._entry_ready(entry.index, inputs)
+
+    def _gate_check(self, entry: CatalogEntry, inputs: Mapping[str, torch.Tensor]) -> str | None:
+        return self.gate.check(entry, inputs, self.extents)
 
     def _state_args(self, program: EntryProgram) -> list[torch.Tensor]:
         return [self.arena.full(n) for n in program.arena_inputs]

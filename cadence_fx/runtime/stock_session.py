@@ -59,7 +59,7 @@ class StockStateSession(Session):
     def state_bytes(self) -> int:
         return sum(t.nbytes for t in self._state.values())
 
-    def _admit(self, entry: CatalogEntry, inputs: Mapping[str, torch.Tensor]) -> str | None:
+    def _gate_check(self, entry: CatalogEntry, inputs: Mapping[str, torch.Tensor]) -> str | None:
         return self.stock_gate.check(entry, inputs, self._state, self.executable.programs[entry.index].state_specs)
 
     def _state_args(self, program: EntryProgram) -> list[torch.Tensor]:

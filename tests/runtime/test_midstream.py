@@ -84,16 +84,18 @@ def test_cut_by_memory_reads_both_ways_a_capture_reports_it():
     assert not midstream.cut_by_memory({})
 
 
-def test_an_entry_set_up_could_not_capture_for_memory_is_captured_again_once_due(clock, monkeypatch):
+@pytest.mark.parametrize("rules", ["SRc", "Rc"])
+def test_an_entry_set_up_could_not_capture_for_memory_is_captured_again_once_due(rules, clock, monkeypatch):
     """Entry 2's capture at set-up runs out of memory: its chunks run part-way (the region
     eager, counted, exact), not captured again before ``OOM_RETRY_S``; then a build holding
     the device defers it (still part-way, nothing counted as deferred); the next chunk
     captures it again, out of memory again (due one period later); then it captures and
-    replays.  Every step exact against stock."""
+    replays.  Every step exact against stock, on the arena (SRc) and on stock-managed state
+    (Rc: ``StockStateSession``)."""
     fail = [False]
     _oom_at(monkeypatch, lambda n: n == 2 or fail[0])  # set-up: the third entry's capture
     adapter = ToyAdapter(make_toy(4), 2)
-    exe = compiler.compile_executable(adapter, "SRc")
+    exe = compiler.compile_executable(adapter, rules)
     run = Lockstep(adapter, exe)
     session = run.session
     assert session.capture_failures[2] == {"*": f"out of memory while capturing: {OOM}"}, session.capture_failures
