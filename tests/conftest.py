@@ -64,8 +64,8 @@ def t2w_mini():
     return types.SimpleNamespace(tail=tail, opt=cadence_fx.optimize(tail), steps=2)
 
 
-# Seconds per file in a run of the suite (2 cores, two workers; session forty-six's
-# ``--durations=0``, 2026-12-05: setup, call and teardown summed, files of 12 s and more),
+# Seconds per file in a run of the suite (2 cores, two workers; session fifty's
+# ``--durations=0``, 2026-12-06: setup, call and teardown summed, files of 12 s and more),
 # heaviest first: pytest-xdist's ``--dist loadfile`` hands files out in order, and by
 # default orders them by their number of tests, which put the few-test, minutes-long files
 # last and left one worker idle while the other finished them.  Only the order depends on
@@ -73,15 +73,14 @@ def t2w_mini():
 # them, in collection order.  (Session twenty-seven tried its own durations against another
 # order: within the machine's spread.)
 _FILE_SECONDS = {
-    "tests/integrations/test_capacity_executable.py": 242, "tests/integrations/test_token2wav.py": 143,
-    "tests/serving/test_ray.py": 132, "tests/integrations/test_working_arena.py": 95,
-    "tests/tools/test_traffic.py": 65, "tests/programs/test_disk_cache.py": 56,
-    "tests/integrations/test_shared_steps.py": 53, "tests/integrations/test_mimi.py": 43,
-    "tests/tools/test_serve_cmd.py": 37, "tests/integrations/test_background.py": 36,
-    "tests/runtime/test_misuse.py": 34, "tests/passes/test_capacity.py": 30,
-    "tests/integrations/test_prompt_lengths.py": 30, "tests/integrations/test_vibevoice.py": 20,
-    "tests/serving/test_multi_session.py": 19, "tests/tools/test_bench.py": 16, "tests/tools/test_bench_mimi.py": 13,
-    "tests/integrations/test_generic.py": 13, "tests/runtime/test_variants.py": 12, "tests/tools/test_cli.py": 12,
+    "tests/integrations/test_capacity_executable.py": 215, "tests/integrations/test_token2wav.py": 109,
+    "tests/serving/test_ray.py": 96, "tests/integrations/test_working_arena.py": 57,
+    "tests/integrations/test_mimi.py": 49, "tests/tools/test_traffic.py": 45,
+    "tests/programs/test_disk_cache.py": 40, "tests/integrations/test_shared_steps.py": 38,
+    "tests/tools/test_serve_cmd.py": 34, "tests/integrations/test_prompt_lengths.py": 28,
+    "tests/passes/test_capacity.py": 25, "tests/runtime/test_misuse.py": 23,
+    "tests/integrations/test_background.py": 23, "tests/serving/test_multi_session.py": 13,
+    "tests/tools/test_bench.py": 13, "tests/integrations/test_generic.py": 12,
 }
 
 
