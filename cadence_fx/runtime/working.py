@@ -212,6 +212,7 @@ class WorkingSession(Session):
                 programs[idx] = dataclasses.replace(program, run=parent)
             self._pool, self._rng = self.working.pool, self.working.rng
             self._programs = programs
+            self._example_inputs = example_inputs  # idle() captures an entry again on them (runtime/midstream.py)
             self.capture_failures = {i: f for i, f in failed.items() if f}
             self._stats.setup.capture_s = time.perf_counter() - t0
             return failed

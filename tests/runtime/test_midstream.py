@@ -172,7 +172,8 @@ def test_a_working_sessions_entry_the_working_arena_could_not_capture_is_capture
     """Shared captures (``runtime/working.py``): the working arena's capture of entry 2 runs out
     of memory at the first session's set-up (not kept there); that session's entry-2 chunks run
     part-way until ``OOM_RETRY_S`` have passed, then the next one captures it on the working
-    arena and replays it; a session opened after that finds it held.  Every step exact."""
+    arena and replays it; a second session whose set-up ran out of memory there too takes it in
+    ``idle`` once due; a session opened after that finds it held.  Every step exact."""
     from cadence_fx.runtime.working import WorkingArena
     fail = [False]
     _oom_at(monkeypatch, lambda n: n == 2 or fail[0])
@@ -181,11 +182,17 @@ def test_a_working_sessions_entry_the_working_arena_could_not_capture_is_capture
     exe.working = WorkingArena(exe.plan.layout, torch.device("cpu"))
     run = Lockstep(adapter, exe)
     assert midstream.cut_by_memory(run.session.capture_failures[2]) and not exe.working.holds(exe.programs[2])
+    fail[0] = True  # a second voice's set-up tries entry 2 again (not kept there), and runs out of memory too
+    other = Lockstep(adapter, exe)
+    fail[0] = False
+    assert midstream.cut_by_memory(other.session.capture_failures[2]) and other.session.idle() == []
     xs = toy_inputs(6, seed=7)
     assert [run.step(x) for x in xs[:3]] == ["replay entry 0", "replay entry 1", REFUSED]
     clock[0] = OOM_RETRY_S
     assert run.step(xs[3]) == "replay entry 2" and run.session._recaptures.done == {"2": 1}
     assert exe.working.holds(exe.programs[2]) and not run.session.capture_failures.get(2)
+    assert other.session.idle() == [2] and other.session._recaptures.done == {"2": 1}  # held there: no capture
+    assert [other.step(x) for x in xs[:4]] == ["replay entry 0", "replay entry 1"] + ["replay entry 2"] * 2
     later = Lockstep(adapter, exe)
     assert later.session.capture_failures == {}
     assert [later.step(x) for x in xs[:4]] == ["replay entry 0", "replay entry 1"] + ["replay entry 2"] * 2
