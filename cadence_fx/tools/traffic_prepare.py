@@ -30,8 +30,11 @@ def prepare_for(args, opt, ranges, lookahead: int, say) -> dict:
     (w_lo, w_hi), (f_lo, f_hi), (p_lo, p_hi) = ranges["window"], ranges["flush"], ranges["prompt"]
     i, n = args.prepare_shard or (0, 1)  # --prepare-shard: every n-th length from the i-th
     t0 = time.perf_counter()
+    # odd shards prepare the branch classes' capacities first: the shards then trace the classes'
+    # symbolic programs and the capacity's at once, not one after another (the order only)
     built = opt.prepare_capacity(list(range(w_lo + lookahead, w_hi + lookahead + 1))[i::n],
-                                 list(range(f_lo, f_hi + 1))[i::n], prompt_tokens=range(p_lo, p_hi + 1))
+                                 list(range(f_lo, f_hi + 1))[i::n], prompt_tokens=range(p_lo, p_hi + 1),
+                                 classes_first=i % 2 == 1)
     captured = built.pop("captured", None)  # --shared-captures: each capacity's captures, apart
     classes = built.pop("classes", None)  # prompt lengths a capacity refuses: where each runs
     hows = [h for per in built.values() if isinstance(per, dict) for h in per.values()]

@@ -448,6 +448,11 @@ def test_prepare_builds_window_and_flush_graphs_before_any_voice(t2w_mini, share
     assert all_again["classes"] == {f"{CAPACITY} mel frames": {f"{f} mel frames": "on 176 mel frames"
                                                                for f in (26, 76, 126, 176)}}, all_again["classes"]
     assert all(h.startswith("held") for h in all_again["176 mel frames"].values()), all_again["176 mel frames"]
+    first = opt.prepare_capacity(windows=[9], flushes=[4], classes_first=True)  # the order of the work only
+    order = [list(d).index(f"{c} mel frames") for d in (first, all_again) for c in (176, CAPACITY)]
+    assert first == all_again and order[0] < order[1] and order[2] > order[3], (list(first), list(all_again))
+    with pytest.raises(cadence_fx.CadenceError, match="classes_first=1 must be True or False"):
+        opt.prepare_capacity(windows=[9], flushes=[4], classes_first=1)
     again = all_again[f"{CAPACITY} mel frames"]
     # held; with one symbolic dim, the lengths up to the capacity each graph serves, of the
     # catalog's: the even ones 4..200 but the catalog's own 1-in-25 class (26, 76, 126, 176)

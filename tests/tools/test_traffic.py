@@ -157,6 +157,25 @@ def test_prepare_only_builds_one_shard_of_the_shapes_and_runs_no_conversation(sm
             cli.main(args + ["--prepare-only", "--prepare-shard", bad])
 
 
+def test_each_shard_prepares_its_lengths_and_the_odd_ones_the_classes_first():
+    """``--prepare-shard I/N``: every N-th window (lookahead in) and flush length from the I-th, every
+    prompt length; the odd shards prepare the classes' capacities first (the order only: shards
+    sharing the program cache then trace different programs at once)."""
+    import types
+    from cadence_fx.tools.traffic_prepare import prepare_for
+    calls = []
+
+    class Opt:
+        def prepare_capacity(self, windows, flushes, prompt_tokens, classes_first):
+            calls.append((windows, flushes, list(prompt_tokens), classes_first))
+            return {}
+    ranges = {"window": (8, 11), "flush": (3, 6), "prompt": (7, 8)}
+    for shard in ((0, 2), (1, 2), None):
+        prepare_for(types.SimpleNamespace(prepare_shard=shard), Opt(), ranges, 3, None)
+    assert calls == [([11, 13], [3, 5], [7, 8], False), ([12, 14], [4, 6], [7, 8], True),
+                     ([11, 12, 13, 14], [3, 4, 5, 6], [7, 8], False)], calls
+
+
 def test_the_warm_up_voices_are_two_adjacent_free_lengths_never_both_of_token2wavs_rare_class():
     """A length whose 2P + 49 frames divide by 25 takes another branch of Token2Wav's code
     (its own symbolic trace): one warm-up voice of it left the common class to trace with

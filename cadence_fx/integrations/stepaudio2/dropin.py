@@ -224,7 +224,7 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
 
     @torch.inference_mode()
     def prepare_capacity(self, windows=range(4, 29), flushes=range(1, 29), spk_dtype=torch.float32,
-                         prompt_tokens=None) -> dict:
+                         prompt_tokens=None, classes_first: bool = False) -> dict:
         """Before any voice arrives (a server's start): each capacity's graphs, and the shared
         graphs of a window of each token length in ``windows`` (lookahead included) and a flush
         of each length in ``flushes`` at the steady state, where a turn ends: a voice's first
@@ -248,7 +248,12 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
         With shared captures (``shared_captures=True`` under SR/SRc) every catalog entry's
         graph and every shape's is also captured on each capacity's working arena
         (``capacity_prepare.capture``), reported under ``"captured"``: ``{capacity: {label:
-        how}}``; a voice then captures nothing."""
+        how}}``; a voice then captures nothing.
+
+        ``classes_first`` changes the order of the work only, not what is built: each capacity's
+        class capacities before its own shapes (processes that share the program cache and
+        prepare in parallel, ``traffic --prepare-shard``, then trace different symbolic programs
+        at once instead of waiting for one another's)."""
         from ...capacity_prepare import chunk_inputs
         if not self.capacity:
             raise CadenceError("prepare_capacity: no capacity is set (optimize(..., capacity=...) or set_capacity)")
@@ -258,6 +263,8 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
             if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in values):
                 raise CadenceError(f"prepare_capacity: {name} must be token lengths (ints >= 1); got {values!r}")
             lengths[name] = values
+        if not isinstance(classes_first, bool):
+            raise CadenceError(f"prepare_capacity: classes_first={classes_first!r} must be True or False")
         if spk_dtype not in (torch.float32, self.dtype):
             raise CadenceError(f"prepare_capacity: spk_dtype={spk_dtype!r}; voices bring float32 or the flow's "
                                f"{self.dtype} speaker vectors")
@@ -275,9 +282,13 @@ class OptimizedToken2Wav(FlowPlacement, DropIn):
             if isinstance(cexe, str):
                 out[f"{cap} mel frames"] = cexe
                 continue
-            self._prepare_at(out, cexe, shapes(cexe))
             below = capacities[i - 1] if i else 0
-            self._prepare_classes(out, cap, cexe, [f for f in frames if below < f <= cap], spk, shapes)
+            mine = [f for f in frames if below < f <= cap]
+            if not classes_first:
+                self._prepare_at(out, cexe, shapes(cexe))
+            self._prepare_classes(out, cap, cexe, mine, spk, shapes)
+            if classes_first:
+                self._prepare_at(out, cexe, shapes(cexe))
         return out
 
     def _prompt_frames(self, prompt_tokens) -> list:
