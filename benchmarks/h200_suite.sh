@@ -3,7 +3,8 @@
 # Run from the repository root there, with the upstream wheels carried in .whl/ (README of
 # docs/results says which): installs them, runs every `cuda`-marked test under the deterministic
 # protocol (tests/conftest.py fixes cuBLAS's workspace), and leaves in $OUT: gpu.txt (GPU, driver,
-# torch, date, commit), pytest-cuda.log, and suite.tgz (every verify report the tests kept).
+# torch, date, commit), pytest-cuda.log, gpu_memory.txt (each test's peak device memory, heaviest
+# first: tests/conftest.py), and suite.tgz (every verify report the tests kept).
 # Exits non-zero when pytest fails or when any process aborted, even after its tests passed.
 # Usage: COMMIT=<sha> [CADENCE_CELLS=...] [WORKERS=8] bash benchmarks/h200_suite.sh [pytest args...]
 # Session fifty (an H100, 78 tests): 10 workers ran the card out of memory (14 failures) and past a
@@ -22,6 +23,7 @@ CADENCE_RESULTS_DIR=/tmp/suite timeout "${SUITE_TIMEOUT:-560}" python3 -m pytest
   -p no:cacheprovider "$@" 2>&1 | tee "$out/pytest-cuda.log"
 rc=${PIPESTATUS[0]}
 [ -f /tmp/suite/failures.txt ] && cp /tmp/suite/failures.txt "$out/failures.txt"  # each failure as reported
+[ -f /tmp/suite/gpu_memory.txt ] && sort -t' ' -k6,6nr /tmp/suite/gpu_memory.txt > "$out/gpu_memory.txt"  # heaviest first
 # A process that aborts after its tests passed (a C++ destructor that throws at the
 # interpreter's exit, 2026-12-02) leaves pytest's exit status 0: that is a failure too.
 if grep -qE "terminate called|Fatal Python error|crashed while running" "$out/pytest-cuda.log"; then

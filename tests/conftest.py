@@ -101,12 +101,23 @@ def pytest_runtest_teardown(item, nextitem):
     tests: in session fifty (an H100, 8 workers) the restart test ran out of memory while the
     7 other workers held 5.7-13.2 GiB each (not all of it in use, which this hook frees).  Skipped
     while a build or capture holds ``device_work.LOCK`` (a test's background worker): nothing
-    is freed beside a capture."""
+    is freed beside a capture.
+    With ``CADENCE_RESULTS_DIR`` set (the device scripts), each such test's peak device memory
+    (allocated and reserved, MiB, since the last test of its process) is appended to
+    ``gpu_memory.txt`` there: which tests are the heavy ones."""
     yield
     import sys
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_initialized():
         return
+    where = os.environ.get("CADENCE_RESULTS_DIR")
+    if where:
+        mib = 2 ** 20
+        line = (f"{item.nodeid} allocated {torch.cuda.max_memory_allocated() // mib} MiB reserved "
+                f"{torch.cuda.max_memory_reserved() // mib} MiB worker {os.environ.get('PYTEST_XDIST_WORKER', '-')}\n")
+        with open(os.path.join(where, "gpu_memory.txt"), "a") as out:  # one short append per test
+            out.write(line)
+        torch.cuda.reset_peak_memory_stats()
     from cadence_fx.runtime import device_work
     if not device_work.LOCK.acquire(blocking=False):
         return
