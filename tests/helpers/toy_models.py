@@ -320,6 +320,33 @@ def assert_lockstep_exact(stock: ToyStream, stock_state: dict, session, inputs: 
 
 
 
+class ToyLockstep:
+    """A stock toy (retaining ``retain`` frames) and a session of ``exe`` opened on the same
+    prompt, stepped in lockstep (the same generator state each step): every output and state
+    tensor bit-equal at every step; each step's route (``lockstep.chunk_route``) kept in ``routes``."""
+
+    def __init__(self, adapter, exe, prompt_frames: int, retain: int = DEFAULT_RETAIN):
+        self.model, self.p = make_toy(retain), prompt_frames
+        with torch.no_grad():
+            self.stock_state = self.model.setup(toy_prompt(prompt_frames))
+        self.session = adapter.open_session(exe, toy_prompt(prompt_frames))
+        self.routes: list[str] = []
+
+    def step(self, x, where: str | None = None, **flags) -> str:
+        """One step of both (``where`` names it in a mismatch); returns its route."""
+        from cadence_fx.lockstep import chunk_route
+        rng = torch.random.get_rng_state()
+        with torch.no_grad():
+            stock_out, self.stock_state = self.model.stream(x, self.stock_state, self.p, **flags)
+        torch.random.set_rng_state(rng)
+        before = self.session.stats()
+        opt_out = self.session.step(x, **flags)
+        self.routes.append(chunk_route(before, self.session.stats()))
+        assert_stream_exact(self.session.state(), self.stock_state, stock_out, opt_out,
+                            where or f"step {len(self.routes) - 1}")
+        return self.routes[-1]
+
+
 def toy_entry_graph(adapter, entry_index: int):
     """(the traced step of one catalog entry, its RegionBindings, the plan), as compile_executable makes them."""
     from cadence_fx.compiler import build_plan, buffer_bindings, region_bindings

@@ -13,36 +13,12 @@ import pytest
 import torch
 
 from cadence_fx import compiler
-from cadence_fx.lockstep import chunk_route
 from cadence_fx.runtime import device_work, graphs, midstream, streams
 from cadence_fx.runtime.variants import OOM_RETRY_S
 from helpers.fake_capture import fake_capture
-from helpers.toy_models import ToyAdapter, assert_stream_exact, make_toy, toy_inputs, toy_prompt
+from helpers.toy_models import ToyAdapter, ToyLockstep, make_toy, toy_inputs
 
 OOM = "CUDA out of memory. Tried to allocate 2.00 GiB (injected)"
-
-
-class Lockstep:
-    """A stock toy and a session in lockstep (the same generator state each step); each
-    step's route (``lockstep.chunk_route``) kept."""
-
-    def __init__(self, adapter, exe, prompt_frames: int = 2):
-        self.stock, self.p = make_toy(4), prompt_frames
-        with torch.no_grad():
-            self.state = self.stock.setup(toy_prompt(prompt_frames))
-        self.session = adapter.open_session(exe, toy_prompt(prompt_frames))
-        self.routes: list[str] = []
-
-    def step(self, x, **flags) -> str:
-        rng = torch.random.get_rng_state()
-        with torch.no_grad():
-            out, self.state = self.stock.stream(x, self.state, self.p, **flags)
-        torch.random.set_rng_state(rng)
-        before = self.session.stats()
-        got = self.session.step(x, **flags)
-        assert_stream_exact(self.session.state(), self.state, out, got, f"step {len(self.routes)}")
-        self.routes.append(chunk_route(before, self.session.stats()))
-        return self.routes[-1]
 
 
 @pytest.fixture
@@ -96,7 +72,7 @@ def test_an_entry_set_up_could_not_capture_for_memory_is_captured_again_once_due
     _oom_at(monkeypatch, lambda n: n == 2 or fail[0])  # set-up: the third entry's capture
     adapter = ToyAdapter(make_toy(4), 2)
     exe = compiler.compile_executable(adapter, rules)
-    run = Lockstep(adapter, exe)
+    run = ToyLockstep(adapter, exe, 2)
     session = run.session
     assert session.capture_failures[2] == {"*": f"out of memory while capturing: {OOM}"}, session.capture_failures
     xs = toy_inputs(9, seed=3)
@@ -129,7 +105,7 @@ def test_idle_captures_again_what_memory_cut_short_once_due(clock, monkeypatch):
     _oom_at(monkeypatch, lambda n: fail[0])
     adapter = ToyAdapter(make_toy(4), 2)
     exe = compiler.compile_executable(adapter, "SRc")
-    run = Lockstep(adapter, exe)
+    run = ToyLockstep(adapter, exe, 2)
     fail[0] = False
     assert all(midstream.cut_by_memory(f) for f in run.session.capture_failures.values())
     xs = toy_inputs(4, seed=4)
@@ -148,7 +124,7 @@ def test_an_off_catalog_capture_cut_by_memory_runs_part_way_then_is_captured_aga
     asked = _oom_at(monkeypatch, lambda n: fail[0])
     adapter = ToyAdapter(make_toy(4), 2)
     exe = compiler.compile_executable(adapter, "SRc", off_catalog="specialize")
-    run = Lockstep(adapter, exe)
+    run = ToyLockstep(adapter, exe, 2)
     xs = toy_inputs(3, seed=5)
     short = toy_inputs(4, seed=6, frames=1)
     assert [run.step(x) for x in xs] == ["replay entry 0", "replay entry 1", "replay entry 2"]
@@ -180,10 +156,10 @@ def test_a_working_sessions_entry_the_working_arena_could_not_capture_is_capture
     adapter = ToyAdapter(make_toy(4), 2)
     exe = compiler.compile_executable(adapter, "SRc")
     exe.working = WorkingArena(exe.plan.layout, torch.device("cpu"))
-    run = Lockstep(adapter, exe)
+    run = ToyLockstep(adapter, exe, 2)
     assert midstream.cut_by_memory(run.session.capture_failures[2]) and not exe.working.holds(exe.programs[2])
     fail[0] = True  # a second voice's set-up tries entry 2 again (not kept there), and runs out of memory too
-    other = Lockstep(adapter, exe)
+    other = ToyLockstep(adapter, exe, 2)
     fail[0] = False
     assert midstream.cut_by_memory(other.session.capture_failures[2]) and other.session.idle() == []
     xs = toy_inputs(6, seed=7)
@@ -193,6 +169,6 @@ def test_a_working_sessions_entry_the_working_arena_could_not_capture_is_capture
     assert exe.working.holds(exe.programs[2]) and not run.session.capture_failures.get(2)
     assert other.session.idle() == [2] and other.session._recaptures.done == {"2": 1}  # held there: no capture
     assert [other.step(x) for x in xs[:4]] == ["replay entry 0", "replay entry 1"] + ["replay entry 2"] * 2
-    later = Lockstep(adapter, exe)
+    later = ToyLockstep(adapter, exe, 2)
     assert later.session.capture_failures == {}
     assert [later.step(x) for x in xs[:4]] == ["replay entry 0", "replay entry 1"] + ["replay entry 2"] * 2

@@ -9,6 +9,7 @@ P + 2, off the catalog, and the next step is keyed by that extent.
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import pytest
@@ -17,11 +18,9 @@ import torch
 from cadence_fx.compiler import compile_executable
 from cadence_fx.errors import CadenceError
 from cadence_fx.programs import ProgramStore
-from cadence_fx.lockstep import chunk_route
 from cadence_fx.runtime.variants import DEFAULT_MAX_BYTES, FIRST_SIGHT, VariantKey, Variants
 
-from helpers.toy_models import (CHANNELS, ToyAdapter, SymbolicToyAdapter, assert_stream_exact, make_toy,
-                                toy_prompt)
+from helpers.toy_models import CHANNELS, ToyAdapter, SymbolicToyAdapter, ToyLockstep, make_toy
 
 RETAIN = 4
 
@@ -30,26 +29,8 @@ def _x(frames: int, seed: int) -> dict[str, torch.Tensor]:
     return {"x": torch.randn(1, CHANNELS, frames, generator=torch.Generator().manual_seed(seed))}
 
 
-class Stream:
-    """A stock toy and a session of ``exe`` in lockstep (same generator state per step)."""
-
-    def __init__(self, adapter, exe, prompt_frames: int):
-        self.model, self.p = make_toy(RETAIN), prompt_frames
-        prompt = toy_prompt(prompt_frames)
-        with torch.no_grad():
-            self.stock_state = self.model.setup(prompt)
-        self.session = adapter.open_session(exe, prompt)
-        self.routes: list[str] = []
-
-    def step(self, x, where: str, **flags) -> None:
-        rng = torch.random.get_rng_state()
-        with torch.no_grad():
-            stock_out, self.stock_state = self.model.stream(x, self.stock_state, self.p, **flags)
-        torch.random.set_rng_state(rng)
-        before = self.session.stats()
-        opt_out = self.session.step(x, **flags)
-        self.routes.append(chunk_route(before, self.session.stats()))
-        assert_stream_exact(self.session.state(), self.stock_state, stock_out, opt_out, where)
+#: a stock toy and a session in lockstep, every step compared (``helpers.toy_models.ToyLockstep``)
+Stream = functools.partial(ToyLockstep, retain=RETAIN)
 
 
 #: (frames, last) per step: a short first chunk (the state is off the catalog after it), steady,
