@@ -68,13 +68,22 @@ class Recaptures:
         at = self._at.get(key)
         return at is not None and _now() >= at
 
+    def keeps(self, key: Hashable, held: Mapping) -> bool:
+        """Whether ``held``'s capture of ``key`` (entries or specializations by key) is kept as it
+        is: held, and not due to be captured again."""
+        return key in held and not self.due(key)
+
+    def captured(self, key: Hashable, again: bool, failed: Mapping[str, str] | None) -> None:
+        """After a capture of ``key`` (``again``: of one memory had cut short; ``failed``: its failed
+        regions, None where it raised): counted, and due again if memory cut it short."""
+        if again:
+            label = key.label() if isinstance(key, VariantKey) else str(key)
+            self.done[label] = self.done.get(label, 0) + 1
+        self.note(key, failed or {})
+
     def pending(self) -> list[Hashable]:
         """The keys still to capture again (due or not)."""
         return list(self._at)
-
-    def count(self, key: Hashable) -> None:
-        label = key.label() if isinstance(key, VariantKey) else str(key)
-        self.done[label] = self.done.get(label, 0) + 1
 
 
 class MidStreamCapture:
@@ -97,7 +106,7 @@ class MidStreamCapture:
         else why the chunk runs eagerly."""
         if index in self._entry_failures:
             return self._entry_failures[index]
-        if index in self._programs and not self._recaptures.due(index):
+        if self._recaptures.keeps(index, self._programs):
             return None
         why = self._try_capture(index, inputs)
         return None if why == device_work.DEFERRED and index in self._programs else why
@@ -110,7 +119,7 @@ class MidStreamCapture:
         if self._programs is None or self._example_inputs is None:
             return done
         for index in sorted(self.executable.programs):
-            if index in self._entry_failures or (index in self._programs and not self._recaptures.due(index)):
+            if index in self._entry_failures or self._recaptures.keeps(index, self._programs):
                 continue
             if seconds is not None and time.perf_counter() - t0 >= seconds:
                 break
@@ -132,9 +141,7 @@ class MidStreamCapture:
             parent, failed, error = self._capture_mid_stream(program, inputs)
         finally:
             self._stats.setup.capture_s += time.perf_counter() - t0
-        if again:
-            self._recaptures.count(index)
-        self._recaptures.note(index, {} if error is not None else failed)
+        self._recaptures.captured(index, again, None if error is not None else failed)
         if error is not None:  # never a crash mid-stream: this entry runs eagerly in this session
             self.capture_failures[index] = {"*": error}
             self._entry_failures[index] = f"entry {index} not captured: {error}"
@@ -156,7 +163,7 @@ class MidStreamCapture:
         mine = self._variant_programs.get(key)
         if isinstance(mine, str):
             return None, mine
-        if mine is not None and not self._recaptures.due(key):
+        if self._recaptures.keeps(key, self._variant_programs):
             return mine, None
         with device_work.try_held() as free:  # mid-stream: never wait for a background build
             if free:
@@ -190,9 +197,7 @@ class MidStreamCapture:
         t0 = time.perf_counter()
         again = self._variant_programs.pop(key, None) is not None  # a part-way capture's graphs go first
         parent, failed, error = self._capture_mid_stream(program, inputs)
-        if again:
-            self._recaptures.count(key)
-        self._recaptures.note(key, {} if error is not None else failed)
+        self._recaptures.captured(key, again, None if error is not None else failed)
         if error is not None:  # never a crash mid-stream: this key runs eagerly in this session
             self.capture_failures[key.label()] = {"*": error}
             self._variant_programs[key] = error

@@ -303,7 +303,7 @@ class Session(MidStreamCapture):
         t0 = time.perf_counter()
         done = variants.work_ahead(seconds)
         for key, program, inputs in variants.built_ahead() if self.gate is not None else ():
-            if program.kind != "cudagraph" or (key in self._variant_programs and not self._recaptures.due(key)):
+            if program.kind != "cudagraph" or self._recaptures.keeps(key, self._variant_programs):
                 continue
             if seconds is not None and time.perf_counter() - t0 >= seconds:
                 break
