@@ -22,7 +22,6 @@ Usage: python benchmarks/oom_capture_probe.py [--parallel N] > report.json
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import threading
@@ -95,15 +94,10 @@ def run_case(dtype: str, headroom: int | None) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--case", nargs=2, metavar=("DTYPE", "HEADROOM_MIB"))
-    p.add_argument("--parallel", type=int, default=7)
-    a = p.parse_args()
-    if a.case:
-        print(json.dumps(run_case(a.case[0], None if a.case[1] == "none" else int(a.case[1])), default=str))
+    from oom_kernels import case_or_cases  # (this script's folder is on the path when it runs)
+    results = case_or_cases(__file__, run_case, DTYPES, HEADROOMS_MIB, 7)
+    if results is None:
         return
-    from oom_kernels import run_cases  # (this script's folder is on the path when it runs)
-    results = run_cases(__file__, DTYPES, HEADROOMS_MIB, a.parallel)
     print(json.dumps(results, indent=1))
     for r in results:
         print(r["dtype"], r["headroom_mib"], "reproduced:", r.get("reproduced"), "failed:" if "failed" in r else "",

@@ -98,15 +98,24 @@ def run_cases(script: str, dtypes: tuple, headrooms: tuple, parallel: int) -> li
         return list(pool.map(one, [(d, h) for d in dtypes for h in headrooms]))
 
 
-def main() -> None:
+def case_or_cases(script: str, run_case, dtypes: tuple, headrooms: tuple, parallel: int) -> list | None:
+    """A probe's command line (shared with ``oom_capture_probe.py``): ``--case DTYPE HEADROOM_MIB``
+    runs ``run_case`` here and prints its JSON (returns None); else every case through
+    ``run_cases`` (``--parallel N``, default ``parallel``), returned."""
     p = argparse.ArgumentParser()
     p.add_argument("--case", nargs=2, metavar=("DTYPE", "HEADROOM_MIB"))
-    p.add_argument("--parallel", type=int, default=4)
+    p.add_argument("--parallel", type=int, default=parallel)
     a = p.parse_args()
     if a.case:
-        print(json.dumps(run_case(a.case[0], None if a.case[1] == "none" else int(a.case[1]))))
+        print(json.dumps(run_case(a.case[0], None if a.case[1] == "none" else int(a.case[1])), default=str))
+        return None
+    return run_cases(script, dtypes, headrooms, a.parallel)
+
+
+def main() -> None:
+    results = case_or_cases(__file__, run_case, DTYPES, HEADROOMS_MIB, 4)
+    if results is None:
         return
-    results = run_cases(__file__, DTYPES, HEADROOMS_MIB, a.parallel)
     for r in results:  # the verdict: chunks against the uncapped run of the same dtype
         clean = next((c for c in results if c["dtype"] == r["dtype"] and c["headroom_mib"] is None), None)
         if r["headroom_mib"] is None or "chunks" not in r or clean is None or "chunks" not in clean:
