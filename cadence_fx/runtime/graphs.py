@@ -339,8 +339,8 @@ def capture_entry(parent: torch.fx.GraphModule, args: Sequence[Any], pool, arena
         return session.leaders if session is not None else torch.cuda.graph_pool_handle()
 
     def capture(mod: CapturedRegion, args_) -> None:
-        mod.capture(args_, pool_for(mod), stream, arena_ptr,
-                    session.copies if session is not None and mod.copy_reads else None)
+        copied = session is not None and (mod.copy_reads or session.every_input)  # else: clones of its own
+        mod.capture(args_, pool_for(mod), stream, arena_ptr, session.copies if copied else None)
 
     def call_module(mod, args_):
         if isinstance(mod, CapturedRegion) and mod.trivial:

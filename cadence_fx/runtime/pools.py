@@ -4,7 +4,13 @@ copies take (``StaticCopies``).
 
 The static copies (``graphs.SHARE_CALLS``): every later call of a shared step replays the
 first call's graph, each reading its own cache slot through a static copy made before the
-replay.  Two rules place those copies:
+replay.  On a working arena (``runtime/working.py``) every region's static inputs are such
+copies too (``GraphPool(every_input=True)``): a capacity's graphs (one per window and flush
+shape, ~100 for issue 15's traffic) each held clones of their own of what they read from
+the eager islands, 200-380 MB a graph for the released speech tail at capacity 500 and 2
+flow steps (CPU, capture faked; the traffic ran an H100 out of memory, session fifty-one),
+where one chunk at a time on the arena needs only the largest graph's.  Two rules place
+those copies:
 
 * One entry's copies lie apart from each other: its graphs replay one after another in
   one chunk, and a graph's output may be a view of what it read.
@@ -24,7 +30,10 @@ replay still in flight.
 ``reserve`` sizes the buffer before a session captures its entries (``need``, from the
 pieces' traced shapes); a copy that does not fit (a specialization captured later with
 larger caches) takes a larger buffer, and the graphs captured on the old one keep it
-(``grown`` counts this, ``held_bytes`` says what the buffers hold).
+(``grown`` counts this, ``held_bytes`` says what the buffers hold).  Where every input is
+copied (the traced shapes do not say which inputs a capture binds to the arena) a larger
+buffer is at least twice the last: a few buffers, together under twice the largest
+graph's copies, not one per graph.
 
 Each copy has what ``Tensor.clone()`` would give: the same shape and strides (a dense
 tensor's own, else contiguous) at an address aligned as a fresh allocation's (512 bytes,
@@ -65,7 +74,8 @@ def need(entries: Iterable[Iterable[torch.Tensor]]) -> int:
 class StaticCopies:
     """A session's buffer for its shared calls' static copies (module docstring)."""
 
-    def __init__(self):
+    def __init__(self, doubling: bool = False):
+        self.doubling = doubling  # a larger buffer is at least twice the last (every input copied)
         self.buffer: torch.Tensor | None = None
         self.cursor = 0  # bytes of the buffer the entry being captured has taken
         self.grown = 0  # buffers replaced by a larger one
@@ -90,7 +100,8 @@ class StaticCopies:
         size = nbytes(t)
         if self.buffer is None or self.cursor + size > self.buffer.numel() or self.buffer.device != t.device:
             # a larger buffer (this entry's earlier copies stay in the old one: apart)
-            self.reserve(max(self.cursor + size, self.buffer.numel() if self.buffer is not None else 0), t.device)
+            held = self.buffer.numel() if self.buffer is not None else 0
+            self.reserve(max(self.cursor + size, 2 * held if self.doubling else held), t.device)
         if not t.numel():
             return t.clone()
         like = torch.empty_like(t, device="meta")  # clone()'s layout: a dense tensor's strides, else contiguous
@@ -126,12 +137,15 @@ class GraphPool:
     keep the memory of the pool they were captured into; ``renewed`` counts the fresh
     pools (``Session.stats()["graph_pools_renewed"]``)."""
 
-    def __init__(self, parent: "GraphPool | None" = None):
+    def __init__(self, parent: "GraphPool | None" = None, every_input: bool = False):
         self.handle = torch.cuda.graph_pool_handle()
         self.renewed = 0
         self._parent = parent  # the session's pool, which counts this one's renewals too
         self._leaders: GraphPool | None = None
-        self.copies = StaticCopies()  # the shared calls' static copies (above)
+        #: every region's static inputs are copies in ``copies`` (a working arena's pool), not
+        #: only the shared calls' (module doc)
+        self.every_input = every_input
+        self.copies = StaticCopies(doubling=every_input)  # the static copies (above)
 
     def renew(self) -> None:
         self.handle = torch.cuda.graph_pool_handle()
