@@ -32,8 +32,8 @@ pieces' traced shapes); a copy that does not fit (a specialization captured late
 larger caches) takes a larger buffer, and the graphs captured on the old one keep it
 (``grown`` counts this, ``held_bytes`` says what the buffers hold).  Where every input is
 copied (the traced shapes do not say which inputs a capture binds to the arena) a larger
-buffer is at least twice the last: a few buffers, together under twice the largest
-graph's copies, not one per graph.
+buffer is at least twice the last: a few buffers, together under four times the largest
+graph's copies (the last under twice, the ones before under it), not one per graph.
 
 Each copy has what ``Tensor.clone()`` would give: the same shape and strides (a dense
 tensor's own, else contiguous) at an address aligned as a fresh allocation's (512 bytes,

@@ -37,7 +37,8 @@ per process instead, on the working arena, and every session runs its chunks the
 The copies cost two storage copies a chunk (the arena at the capacity: by the H200's
 bandwidth well under a millisecond for a few hundred MiB; not measured yet), and one
 chunk at a time; what they buy is a capture per graph per process, not per session, and
-the graphs' memory pool held once.
+the graphs' memory pool held once, their static inputs in one copy buffer (the largest
+graph's, not one clone per graph: ``GraphPool(every_input=True)``, ``runtime/pools.py``).
 """
 
 from __future__ import annotations

@@ -263,8 +263,9 @@ def _drive(args, spec, convos, stock, opt, device, say, chunk, live: dict) -> tu
 
 def _open(spec, args, c: Conversation, stock, opt, device, say) -> dict:
     from ..lockstep import sync
-    if say:
-        say(f"conversation {c.index + 1}: a voice of {c.prompt_tokens} tokens, {len(c.turns)} turn(s)")
+    if say:  # on CUDA with the device memory held so far (what ran a card out of memory: session 51)
+        say(f"conversation {c.index + 1}: a voice of {c.prompt_tokens} tokens, {len(c.turns)} turn(s)"
+            + (_memory(device) if device.type == "cuda" else ""))
     prompt = _prompt(spec, args, c.prompt_tokens, args.seed + c.index)
     mine = stock if c.index == 0 else copy.deepcopy(stock)  # a stock stream of its own
     sync(device)
@@ -277,6 +278,14 @@ def _open(spec, args, c: Conversation, stock, opt, device, say) -> dict:
     t2 = time.perf_counter()
     return {"prompt": prompt, "stock": mine, "session": session, "setup_s": (t1 - t0, t2 - t1),
             "setup": session.stats().get("setup_s"), "chunks": 0, "ttfa_ms": None}
+
+
+def _memory(device) -> str:
+    """The device memory allocated and reserved by this process, and its peak, for a progress line."""
+    import torch
+    mib = 2 ** 20
+    return (f" (device memory: {torch.cuda.memory_allocated(device) / mib:,.0f} MiB allocated, "
+            f"{torch.cuda.memory_reserved(device) / mib:,.0f} reserved, peak {torch.cuda.max_memory_allocated(device) / mib:,.0f})")
 
 
 def _prompt(spec, args, tokens: int, seed: int):

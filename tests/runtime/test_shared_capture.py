@@ -185,6 +185,17 @@ def test_a_sessions_copies_are_laid_out_like_clones_apart_within_an_entry_shared
     assert copies.grown == 1 and copies.buffer.data_ptr() != base and torch.equal(d, big)
     assert torch.equal(c, dense * 2) and copies.held_bytes == 2 * ALIGN + copies.buffer.numel()
     assert copies.buffer.numel() >= ALIGN + nbytes(big)  # room for this entry's whole layout next time
+    # every input copied (a working arena's pool): a larger buffer is at least twice the last,
+    # so copies that each just miss take a few buffers, not one each
+    doubling = StaticCopies(doubling=True)
+    doubling.reserve(ALIGN, torch.device("cpu"))
+    sizes = []
+    for _ in range(6):
+        doubling.start_entry()
+        doubling.copy_of(torch.randn(doubling.buffer.numel() // 4 + 1))  # one element more than the buffer holds
+        sizes.append(doubling.buffer.numel())
+    assert all(b >= 2 * a for a, b in zip(sizes, sizes[1:])) and doubling.grown == 6, sizes
+    assert doubling.held_bytes == ALIGN + sum(sizes) < 3 * sizes[-1]
 
 
 @pytest.mark.parametrize("sync_each", [False, True])
