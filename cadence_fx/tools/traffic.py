@@ -267,7 +267,8 @@ def _open(spec, args, c: Conversation, stock, opt, device, say) -> dict:
         say(f"conversation {c.index + 1}: a voice of {c.prompt_tokens} tokens, {len(c.turns)} turn(s)"
             + (_memory(device) if device.type == "cuda" else ""))
     prompt = _prompt(spec, args, c.prompt_tokens, args.seed + c.index)
-    mine = stock if c.index == 0 else copy.deepcopy(stock)  # a stock stream of its own
+    # a stock stream of its own, sharing the weights (read only): 8 copies of them took ~7 GB of a card
+    mine = stock if c.index == 0 else copy.deepcopy(stock, _weights(stock))
     sync(device)
     t0 = time.perf_counter()
     session = opt.open_session(*prompt)
@@ -278,6 +279,15 @@ def _open(spec, args, c: Conversation, stock, opt, device, say) -> dict:
     t2 = time.perf_counter()
     return {"prompt": prompt, "stock": mine, "session": session, "setup_s": (t1 - t0, t2 - t1),
             "setup": session.stats().get("setup_s"), "chunks": 0, "ttfa_ms": None}
+
+
+def _weights(stock) -> dict:
+    """``copy.deepcopy``'s memo that keeps ``stock``'s parameters (its own, or those of the
+    modules it holds: the Token2Wav tail's flow and HiFT) shared with the copy."""
+    import torch
+    modules = [stock] if isinstance(stock, torch.nn.Module) else \
+        [m for m in vars(stock).values() if isinstance(m, torch.nn.Module)]
+    return {id(p): p for m in modules for p in m.parameters()}
 
 
 def _memory(device) -> str:
