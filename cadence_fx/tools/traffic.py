@@ -282,20 +282,17 @@ def _open(spec, args, c: Conversation, stock, opt, device, say) -> dict:
 
 
 def _weights(stock) -> dict:
-    """``copy.deepcopy``'s memo that keeps ``stock``'s parameters (its own, or those of the
-    modules it holds: the Token2Wav tail's flow and HiFT) shared with the copy."""
+    """``copy.deepcopy``'s memo sharing ``stock``'s parameters (or its modules': the Token2Wav tail's flow, HiFT)."""
     import torch
-    modules = [stock] if isinstance(stock, torch.nn.Module) else \
-        [m for m in vars(stock).values() if isinstance(m, torch.nn.Module)]
-    return {id(p): p for m in modules for p in m.parameters()}
+    mods = [stock] if isinstance(stock, torch.nn.Module) else [m for m in vars(stock).values()
+                                                               if isinstance(m, torch.nn.Module)]
+    return {id(p): p for m in mods for p in m.parameters()}
 
 
 def _memory(device) -> str:
-    """The device memory allocated and reserved by this process, and its peak, for a progress line."""
-    import torch
-    mib = 2 ** 20
-    return (f" (device memory: {torch.cuda.memory_allocated(device) / mib:,.0f} MiB allocated, "
-            f"{torch.cuda.memory_reserved(device) / mib:,.0f} reserved, peak {torch.cuda.max_memory_allocated(device) / mib:,.0f})")
+    """This process's device memory allocated, reserved and its peak, in MiB, for a progress line."""
+    from torch.cuda import max_memory_allocated as peak, memory_allocated as held, memory_reserved as kept
+    return f" (device MiB: {held(device) >> 20:,} allocated, {kept(device) >> 20:,} reserved, peak {peak(device) >> 20:,})"
 
 
 def _prompt(spec, args, tokens: int, seed: int):
