@@ -241,6 +241,7 @@ def test_an_entry_captured_without_a_stream_gives_the_one_it_took_back_when_coll
     from cadence_fx.runtime import streams
     from cadence_fx.runtime.graphs import capture_entry, fresh_regions
     fake_capture(monkeypatch)
+    gc.collect()  # earlier tests' garbage gives its streams back to the real list, not to this test's
     monkeypatch.setattr(streams, "_free", {})  # this test's alone (a faked stream never reaches a real session)
     taken, fake_take = [], streams.take
     monkeypatch.setattr(streams, "take", lambda device: taken.append(fake_take(device)) or taken[-1])
