@@ -34,21 +34,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def arena_report(working) -> dict:
-    """A working arena's captured graphs and what their static inputs hold."""
-    from cadence_fx.runtime.graphs import CapturedRegion
-    storages, summed, largest = {}, 0, 0
-    for parent, _, _ in list(working._captured.values()):
-        mine = 0
-        for t in (t for r in parent.modules() if isinstance(r, CapturedRegion) for t in r.static_in):
-            if t is not None:
-                storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-                mine += t.numel() * t.element_size()
-        summed, largest = summed + mine, max(largest, mine)
-    copies = working.pool.copies if working.pool is not None else None
-    mib = 2 ** 20
-    return {"graphs": working.held(), "static_inputs_summed_mib": round(summed / mib, 1),
-            "largest_graph_mib": round(largest / mib, 1), "held_mib": round(sum(storages.values()) / mib, 1),
-            "storages": len(storages),
+    """A working arena's captured graphs and what their static inputs hold, in MiB."""
+    got, copies, mib = working.static_inputs(), working.pool.copies if working.pool is not None else None, 2 ** 20
+    return {"graphs": working.held(), "static_inputs_summed_mib": round(got["summed"] / mib, 1),
+            "largest_graph_mib": round(got["largest"] / mib, 1), "held_mib": round(got["held"] / mib, 1),
+            "storages": got["storages"],
             "copy_buffers_mib": round(copies.held_bytes / mib, 1) if copies is not None else None,
             "copy_buffer_grown": copies.grown if copies is not None else None}
 

@@ -168,6 +168,21 @@ class WorkingArena:
         """Graphs captured on this arena and still used (a graph no executable holds goes)."""
         return len(self._captured)
 
+    def static_inputs(self) -> dict:
+        """Its captured graphs' static inputs (what they read from the eager islands), in
+        bytes: ``summed`` graph by graph, the ``largest`` graph's, and ``held``, the storages
+        they lie in (the pool's copy buffers: ``runtime/pools.py``)."""
+        from .graphs import CapturedRegion
+        storages, summed, largest = {}, 0, 0
+        for parent, _, _ in list(self._captured.values()):
+            mine = 0
+            for t in (t for r in parent.modules() if isinstance(r, CapturedRegion) for t in r.static_in):
+                if t is not None:
+                    storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+                    mine += t.numel() * t.element_size()
+            summed, largest = summed + mine, max(largest, mine)
+        return {"summed": summed, "largest": largest, "held": sum(storages.values()), "storages": len(storages)}
+
     def stats(self) -> dict:
         """Its bytes, turns (and how many waited for another's), storage copies, captures kept
         and failed (tried again later), their seconds, graphs held; on CUDA its graph pool's

@@ -75,18 +75,6 @@ def _tokens(n: int, seed: int) -> list[int]:
     return torch.randint(0, s2.VOCAB, (n,), generator=g).tolist()
 
 
-def _static_inputs(working: WorkingArena) -> tuple[int, int]:
-    """The bytes of the storages that the working arena's captured graphs' static inputs lie
-    in, and those inputs' bytes summed graph by graph."""
-    storages, summed = {}, 0
-    for parent, _, _ in working._captured.values():
-        for t in (t for r in parent.modules() if isinstance(r, graphs.CapturedRegion) for t in r.static_in):
-            if t is not None:
-                storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-                summed += t.numel() * t.element_size()
-    return sum(storages.values()), summed
-
-
 def _exact(session, stock, chunk, seed: int) -> str:
     report = compare_streams(stock, session, [chunk], CPU, seed=seed)
     assert report["exact"], (seed, report["mismatches"])
@@ -152,8 +140,8 @@ def test_voices_share_one_capture_of_each_graph_on_the_working_arena_exact(t2w_m
     assert w["turns"] == 5 + 3 * len(turn) and w["copies"] == 2 * 3 * len(turn), w
     # every graph's static inputs lie in the working pool's copy buffers, which its graphs share
     # (one chunk at a time on the arena): not a clone of its own per graph (runtime/pools.py)
-    held, summed = _static_inputs(working)
-    assert 0 < held <= working.pool.copies.held_bytes < summed, (held, working.pool.copies.held_bytes, summed)
+    held = working.static_inputs()
+    assert 0 < held["held"] <= working.pool.copies.held_bytes < held["summed"], (held, working.pool.copies.held_bytes)
     assert opt.capacity_stats()["built"][f"{CAPACITY} mel frames, shared captures"]["working_arena"] == w
 
     (a, stock_a), (b, stock_b) = voices[41], voices[57]

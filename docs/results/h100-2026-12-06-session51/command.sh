@@ -28,7 +28,7 @@ SEED=0 bash benchmarks/issue15_call.sh 7e627a4 560 --idle
 #   Session 44 ran these 8 conversations at 61,269 MiB peak with one capacity's 48 shapes; since
 #   session 45 --prepare also captures the 476-frame class's 48.  Found on the CPU (capture faked,
 #   benchmarks/working_copies.py): each graph on a working arena held clones of its own of its
-#   static inputs (what it reads from the eager islands), 200-450 MB a graph at capacity 500 and
+#   static inputs (what it reads from the eager islands), 200-380 MB a graph at capacity 500 and
 #   2 flow steps.  Fixed in 4f999c1: every graph's static inputs in the working pool's one copy
 #   buffer (runtime/pools.py).
 #
