@@ -16,7 +16,7 @@ PREPARE_WORKERS=8 SEED=5 bash benchmarks/issue15_call.sh 7e627a4 575 --idle
 C=7e627a4; mkdir -p $OUT/suite; OUT=$OUT/suite COMMIT=$C bash benchmarks/h200_suite.sh > $OUT/suite/stdout.txt 2>&1
 #   call2-suite/: **77 passed, 3 skipped in 198.6 s** (skipped: the two Ray tests, no Ray wheel
 #   carried; one test that needs two GPUs).  The first full pass of the GPU suite in one run since
-#   session 44: sessions 45-50's code, the recapture after out of memory (runtime/midstream.py) with
+#   session 49's (85decae): sessions 49-50's code, the recapture after out of memory (runtime/midstream.py) with
 #   its working-session and R/Rc extensions, the conftest memory hooks.  gpu_memory.txt: each
 #   test's peak device memory, heaviest first (11.7 GiB: the restart test).
 #
