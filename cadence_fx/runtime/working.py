@@ -135,11 +135,11 @@ class WorkingArena:
                 return hit
             t0 = time.perf_counter()
             cuda = self.device.type == "cuda"
-            if self.pool is None and cuda:  # every graph's static inputs in one buffer (runtime/pools.py)
-                self.pool, self.rng = GraphPool(every_input=True), GraphRng.for_device(self.device)
-                self._stream = streams.take(self.device)  # never given back: the graphs replay for the process
-            elif self.pool is None:  # a CPU fake (tests): a pool, no generator state, no stream of its own
-                self.pool = GraphPool(every_input=True)
+            if self.pool is None:  # one pool for every capture here, their static inputs in one buffer (pools.py)
+                # (a CPU fake, tests: no generator state, no stream of its own)
+                self.pool, self.rng = GraphPool(every_input=True), GraphRng.for_device(self.device) if cuda else None
+                if cuda:
+                    self._stream = streams.take(self.device)  # never given back: the graphs replay for the process
             stream = self._stream
             warm_up = streams.needs_warm_up(stream, cuda, self._warmed)
             self.arena.storage.zero_()  # what a session's set-up captures on
