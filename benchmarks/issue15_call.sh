@@ -42,6 +42,9 @@
 # the shards took ~150 s and the traffic's loading ~290 s on that host (~190 s the call before), and
 # the limit counted from after the set-up.  Prefer two calls back to back, nothing between them:
 # PREPARE_ONLY=1 PREPARE_WORKERS=8 ..., then the same without both (the traffic loads .cfx).
+# Session 52 (what worked, docs/results/h100-2026-12-06-session52/command.sh): one call ran the GPU
+# suite, then PREPARE_ONLY=1 PREPARE_WORKERS=8 ... 250 --idle (367 s in all); the next, at once, the
+# traffic (364 s at seed 0; seed 5 410 s in a third).
 # Outputs under /tmp/r, tarred to $OUT/r.tgz at the end (and every 30 s meanwhile).
 set -u
 C=${1:?usage: issue15_call.sh <commit> [seconds]}
