@@ -21,17 +21,12 @@ must show the copies ``benchmarks/working_copies.py`` counts there.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
-import io
 import json
-import os
 import resource
 import sys
 
 import torch
-
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def captured_parents() -> list:
@@ -42,54 +37,26 @@ def captured_parents() -> list:
             and any(isinstance(m, CapturedRegion) and m.graph is not None for m in o.children())]
 
 
-def static_inputs(parents) -> dict:
-    """Bytes the parents' static inputs take: ``summed`` entry by entry, the ``largest``
-    entry's, ``held`` (the storages they lie in, each once) and how many storages."""
-    from cadence_fx.runtime.graphs import CapturedRegion
-    storages, summed, largest = {}, 0, 0
-    for parent in parents:
-        mine = 0
-        for t in (t for r in parent.children() if isinstance(r, CapturedRegion) for t in r.static_in):
-            if t is not None:
-                storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-                mine += t.numel() * t.element_size()
-        summed, largest = summed + mine, max(largest, mine)
-    return {"entries": len(parents), "summed": summed, "largest": largest, "held": sum(storages.values()),
-            "storages": len(storages)}
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("traffic", nargs=argparse.REMAINDER, help="-- then cadence-fx traffic's arguments")
     argv = [a for a in ap.parse_args().traffic if a != "--"]
     if "--conversations" not in argv or argv[argv.index("--conversations") + 1] != "1":
         ap.error("one conversation (--conversations 1): every graph found must be that voice's")
+    from cadence_fx.runtime.working import static_inputs
     from cadence_fx.tools import traffic
-    from cadence_fx.tools.cli import main as cli
-    if "cuda" not in " ".join(argv):
-        sys.path.insert(0, os.path.join(HERE, "..", "tests"))
-        from _pytest.monkeypatch import MonkeyPatch
-        from helpers.fake_capture import fake_capture
-        from cadence_fx import capacity_executable, compiler
-        from cadence_fx.integrations import dropin
-        mp = MonkeyPatch()
-        fake_capture(mp)
-        for module in (compiler, dropin, capacity_executable):  # SRc on the CPU: captures faked
-            mp.setattr(module, "check_rules", lambda rules, device: rules)
+    from working_copies import fake_capture_unless_cuda, run_traffic  # (this folder)
+    fake_capture_unless_cuda(argv)
     found: dict = {}
     real_drive = traffic._drive
 
     def drive(*a, **k):  # the voice's graphs, before the driver lets its session go
         out = real_drive(*a, **k)
-        found.update(static_inputs(captured_parents()))
+        parents = captured_parents()
+        found.update(static_inputs(parents), entries=len(parents))
         return out
     traffic._drive = drive
-    if "--json" not in argv:
-        argv.append("--json")
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        rc = cli(["traffic", *argv])
-    out = next((json.loads(line) for line in buf.getvalue().splitlines()[::-1] if line.startswith("{")), {})
+    rc, out = run_traffic(argv)
     mib = 2 ** 20
     report = {"traffic_rc": rc, **{k: out.get(k) for k in ("exact", "program_share", "replayed_share", "chunks")},
               "captured_entries": found.get("entries"),

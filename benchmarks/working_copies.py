@@ -43,6 +43,37 @@ def arena_report(working) -> dict:
             "copy_buffer_grown": copies.grown if copies is not None else None}
 
 
+def fake_capture_unless_cuda(argv: list) -> None:
+    """On the CPU (no ``cuda`` in the traffic's arguments) fake CUDA-graph capture for this
+    process and let rules SR/SRc through, as the tests do (``tests/helpers/fake_capture.py``)."""
+    if "cuda" in " ".join(argv):
+        return
+    sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+    from _pytest.monkeypatch import MonkeyPatch
+    from helpers.fake_capture import fake_capture
+    from cadence_fx import capacity_executable, compiler
+    from cadence_fx.integrations import dropin
+    mp = MonkeyPatch()
+    fake_capture(mp)
+    for module in (compiler, dropin, capacity_executable):  # SRc on the CPU: captures faked
+        mp.setattr(module, "check_rules", lambda rules, device: rules)
+
+
+def run_traffic(argv: list) -> tuple[int, dict]:
+    """``cadence-fx traffic`` with ``argv`` (``--json`` added to it, so the caller's report
+    shows the arguments run) in this process, its printout swallowed: its exit status and its
+    JSON report ({} if it printed none)."""
+    import contextlib
+    import io
+    from cadence_fx.tools.cli import main as cli
+    if "--json" not in argv:
+        argv.append("--json")
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = cli(["traffic", *argv])
+    return rc, next((json.loads(line) for line in buf.getvalue().splitlines()[::-1] if line.startswith("{")), {})
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clones", action="store_true", help="each graph's static inputs as clones of its own (before)")
@@ -51,17 +82,7 @@ def main() -> int:
     argv = [a for a in args.traffic if a != "--"]
     from cadence_fx.runtime import working
     from cadence_fx.tools import traffic
-    from cadence_fx.tools.cli import main as cli
-    if "cuda" not in " ".join(argv):
-        sys.path.insert(0, os.path.join(HERE, "..", "tests"))
-        from _pytest.monkeypatch import MonkeyPatch
-        from helpers.fake_capture import fake_capture
-        from cadence_fx import capacity_executable, compiler
-        from cadence_fx.integrations import dropin
-        mp = MonkeyPatch()
-        fake_capture(mp)
-        for module in (compiler, dropin, capacity_executable):  # SRc on the CPU: captures faked
-            mp.setattr(module, "check_rules", lambda rules, device: rules)
+    fake_capture_unless_cuda(argv)
     if args.clones:  # every_input off for every pool: a clone per graph, as before
         from cadence_fx.runtime import pools
         real_init = pools.GraphPool.__init__
@@ -75,23 +96,9 @@ def main() -> int:
         arenas.extend(o for o in gc.get_objects() if isinstance(o, working.WorkingArena))
         return out
     traffic._drive = drive
-    out_json = None
-    if "--json" not in argv:
-        argv.append("--json")
-    import contextlib
-    import io
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        rc = cli(["traffic", *argv])
-    for line in buf.getvalue().splitlines()[::-1]:
-        if line.startswith("{"):
-            out_json = json.loads(line)
-            break
+    rc, out_json = run_traffic(argv)
     report = {"variant": "clones" if args.clones else "one copy buffer", "traffic_rc": rc,
-              "exact": out_json.get("exact") if out_json else None,
-              "program_share": out_json.get("program_share") if out_json else None,
-              "replayed_share": out_json.get("replayed_share") if out_json else None,
-              "chunks": out_json.get("chunks") if out_json else None,
+              **{k: out_json.get(k) for k in ("exact", "program_share", "replayed_share", "chunks")},
               "arenas": [arena_report(w) for w in arenas],
               "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
               "torch": torch.__version__, "argv": argv}

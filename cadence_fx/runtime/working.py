@@ -61,6 +61,24 @@ from .midstream import cut_by_memory
 from .session import FallbackFn, Session
 
 
+def static_inputs(parents) -> dict:
+    """What captured entries' static inputs (what their regions read from outside the arena:
+    the eager islands' values, the step's inputs) take, in bytes: ``summed`` entry by entry,
+    the ``largest`` entry's, ``held`` (the storages they lie in, each once: a pool's copy
+    buffers, or each region's clones) and how many ``storages``.  ``parents``: entries' graph
+    modules (``capture_entry``'s)."""
+    from .graphs import CapturedRegion
+    storages, summed, largest = {}, 0, 0
+    for parent in parents:
+        mine = 0
+        for t in (t for r in parent.modules() if isinstance(r, CapturedRegion) for t in r.static_in):
+            if t is not None:
+                storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+                mine += t.numel() * t.element_size()
+        summed, largest = summed + mine, max(largest, mine)
+    return {"summed": summed, "largest": largest, "held": sum(storages.values()), "storages": len(storages)}
+
+
 class WorkingArena:
     """The arena one capacity's graphs are captured on, and its captures (see the module doc)."""
 
@@ -172,16 +190,7 @@ class WorkingArena:
         """Its captured graphs' static inputs (what they read from the eager islands), in
         bytes: ``summed`` graph by graph, the ``largest`` graph's, and ``held``, the storages
         they lie in (the pool's copy buffers: ``runtime/pools.py``)."""
-        from .graphs import CapturedRegion
-        storages, summed, largest = {}, 0, 0
-        for parent, _, _ in list(self._captured.values()):
-            mine = 0
-            for t in (t for r in parent.modules() if isinstance(r, CapturedRegion) for t in r.static_in):
-                if t is not None:
-                    storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-                    mine += t.numel() * t.element_size()
-            summed, largest = summed + mine, max(largest, mine)
-        return {"summed": summed, "largest": largest, "held": sum(storages.values()), "storages": len(storages)}
+        return static_inputs(parent for parent, _, _ in list(self._captured.values()))
 
     def stats(self) -> dict:
         """Its bytes, turns (and how many waited for another's), storage copies, captures kept
